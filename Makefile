@@ -1,0 +1,60 @@
+# prefixd build, test and benchmark targets. Run `make help` for a list.
+
+GO            ?= go
+BIN           ?= bin
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+FUZZTIME      ?= 5s
+RUN_ARGS      ?= serve
+
+.PHONY: help build test fuzz bench lint fmt generate verify run clean deps
+
+help:
+	@echo "targets: build test fuzz bench lint fmt generate verify run clean deps"
+
+build:
+	$(GO) build -o $(BIN)/prefixd ./cmd/prefixd
+
+# deps installs what the tests need on a fresh Debian machine (as root).
+deps:
+	bash scripts/test-deps.sh
+
+# test runs every test with the race detector, then each fuzz target briefly.
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+	$(MAKE) --no-print-directory fuzz
+
+# fuzz runs each fuzz target for FUZZTIME (make fuzz FUZZTIME=10m for longer).
+fuzz:
+	bash scripts/fuzz.sh $(FUZZTIME)
+
+# bench runs the benchmarks and regenerates BENCHMARKS.md.
+bench:
+	bash scripts/bench.sh
+
+$(GOLANGCI_LINT):
+	GOBIN=$(abspath $(BIN))/golangci-lint-tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN)/golangci-lint-tmp/golangci-lint $@ && rmdir $(BIN)/golangci-lint-tmp
+
+lint: $(GOLANGCI_LINT)
+	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+generate:
+	$(GO) generate ./...
+
+# verify regenerates everything generated and fails if the tree changed.
+verify: generate
+	$(GO) mod tidy
+	gofmt -l $$(git ls-files '*.go') | (! grep .)
+	git diff --exit-code
+
+run: build
+	$(BIN)/prefixd $(RUN_ARGS)
+
+clean:
+	rm -rf $(BIN)

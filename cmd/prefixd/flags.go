@@ -1,0 +1,59 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// errUsage is returned after a usage error has been reported to stderr.
+var errUsage = errors.New("usage error")
+
+// newFlagSet returns a FlagSet for one subcommand that writes its usage to stderr.
+func newFlagSet(name, args string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("prefixd "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: prefixd %s [flags] %s\n\nFlags (each also PREFIXD_<FLAG> in the environment):\n", name, args)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags sets flags from PREFIXD_* environment variables, then from
+// args, so that the command line wins. Errors are reported on stderr and
+// returned as errUsage; --help returns flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		key := "PREFIXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		v, ok := os.LookupEnv(key)
+		if !ok || envErr != nil {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErr = fmt.Errorf("invalid value %q for %s: %w", v, key, err)
+		}
+	})
+	if envErr != nil {
+		fmt.Fprintln(fs.Output(), envErr)
+		return errUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	return nil
+}
+
+// usageErrorf reports a usage error on the flag set's output.
+func usageErrorf(fs *flag.FlagSet, format string, a ...any) error {
+	fmt.Fprintf(fs.Output(), "prefixd: "+format+"\n", a...)
+	fs.Usage()
+	return errUsage
+}
