@@ -1,0 +1,83 @@
+package blockhash
+
+import "testing"
+
+// BenchmarkChain hashes a prompt of 8192 tokens into 512 blocks of 16 from
+// the chain's root: the query path. Token ids are sim-like (FNV-32 values,
+// nearly all wider than 16 bits, five CBOR bytes each); the -vocab runs use
+// ids below 2^17, as a real tokenizer's are, which encode shorter.
+func BenchmarkChain(b *testing.B) {
+	sim := randTokensSeeded(8192)
+	vocab := make([]uint32, len(sim))
+	for i, t := range sim {
+		vocab[i] = t % 131072
+	}
+	for _, c := range []struct {
+		name   string
+		scheme Scheme
+		tokens []uint32
+	}{
+		{"llmd-512x16", LLMD, sim},
+		{"llmd-vocab-512x16", LLMD, vocab},
+		{"xxh3-512x16", XXH3, sim},
+		{"vllm-sha256-cbor-512x16", VLLMSHA256CBOR, sim},
+		{"vllm-sha256-cbor-vocab-512x16", VLLMSHA256CBOR, vocab},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := mustNew(b, c.scheme, "", 16)
+			p := Prompt{Model: "sim-model"}
+			dst := make([]uint64, 0, 512)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.tokens) * 4))
+			for b.Loop() {
+				dst, _ = h.AppendPrompt(dst[:0], c.tokens, p)
+			}
+			if len(dst) != 512 {
+				b.Fatalf("%d keys", len(dst))
+			}
+		})
+	}
+}
+
+// BenchmarkRechain re-chains one BlockStored event of 16 blocks from its
+// parent: the apply path.
+func BenchmarkRechain(b *testing.B) {
+	tokens := randTokensSeeded(256)
+	for _, s := range []Scheme{LLMD, XXH3} {
+		b.Run(s.String()+"-16x16", func(b *testing.B) {
+			h := mustNew(b, s, "", 16)
+			dst := make([]uint64, 0, 16)
+			b.ReportAllocs()
+			for b.Loop() {
+				dst, _ = h.AppendChain(dst[:0], 12345, tokens)
+			}
+		})
+	}
+}
+
+// BenchmarkFNV64aFloor runs bare FNV-64a, one byte at a time, over as many
+// bytes as the llm-d chain's canonical CBOR of 512 blocks of 16 sim token
+// ids (92 bytes a block: array and parent heads, 16 five-byte token ids,
+// null). Every byte's multiply waits for the previous one, so this is the
+// least time any implementation of that chain can take on this CPU: the
+// llmd-512x16 figure of BenchmarkChain is measured against it.
+func BenchmarkFNV64aFloor(b *testing.B) {
+	buf := make([]byte, 512*92)
+	for i := range buf {
+		buf[i] = byte(i * 131)
+	}
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	var sink uint64
+	for b.Loop() {
+		h := uint64(fnvOffset64)
+		for _, c := range buf {
+			h ^= uint64(c)
+			h *= fnvPrime64
+		}
+		sink += h
+	}
+	if sink == 1 {
+		b.Log(sink)
+	}
+}
