@@ -1,0 +1,131 @@
+package transport
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Drop reasons of prefixd_ingest_dropped_total written by this package.
+const (
+	// DropQueueFull: the consumer's queue was full.
+	DropQueueFull = "queue_full"
+	// DropTopic: the message's first frame does not start with the topic
+	// prefix (a publisher that ignores subscriptions).
+	DropTopic = "topic_filter"
+)
+
+// Connection error reasons of prefixd_ingest_connection_errors_total.
+const (
+	ConnDial       = "dial"        // the TCP connect failed
+	ConnHandshake  = "handshake"   // the ZMTP greeting or READY failed
+	ConnOversize   = "oversize"    // a frame over MaxFrameBytes
+	ConnProtocol   = "protocol"    // ZMTP framing broken after the handshake
+	ConnClosed     = "closed"      // EOF, reset, or any other read error
+	ConnAccept     = "accept"      // Accept failed on a bound address
+	ConnTooMany    = "too_many"    // a bound address already had MaxPeers
+	ConnSubscribe  = "subscribe"   // sending the subscription failed
+	ConnReplyShape = "reply_shape" // a replay reply of the wrong shape
+)
+
+// Metrics are the transport's Prometheus metrics. Every family is labelled
+// by source: the endpoint connected to, or the address bound.
+//
+// prefixd_ingest_dropped_total{reason,source} is shared with the layers
+// above (decode errors, gaps): they register the same name with the same
+// labels and NewMetrics reuses whichever collector came first.
+type Metrics struct {
+	messages   *prometheus.CounterVec // source
+	bytes      *prometheus.CounterVec // source
+	dropped    *prometheus.CounterVec // reason, source
+	oversize   *prometheus.CounterVec // source
+	connErrors *prometheus.CounterVec // reason, source
+	conns      *prometheus.GaugeVec   // source
+	replays    *prometheus.CounterVec // source, result
+}
+
+// NewMetrics builds the metrics and registers them with reg, which may be
+// nil (tests). A family already registered under the same name and labels
+// is reused.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_messages_total",
+			Help: "ZeroMQ messages received and queued for decoding, by source.",
+		}, []string{"source"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_bytes_total",
+			Help: "Frame bytes of the messages received and queued, by source.",
+		}, []string{"source"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_dropped_total",
+			Help: "Messages dropped on ingest, by reason and source.",
+		}, []string{"reason", "source"}),
+		oversize: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_oversize_frames_total",
+			Help: "Frames refused because their header announced more than the frame size limit; each closes its connection.",
+		}, []string{"source"}),
+		connErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_connection_errors_total",
+			Help: "Publisher connections that failed or ended, by reason and source.",
+		}, []string{"reason", "source"}),
+		conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prefixd_ingest_connections",
+			Help: "Publisher connections open now, by source.",
+		}, []string{"source"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_replay_requests_total",
+			Help: "Replay requests sent to publishers' replay endpoints, by source and result (ok, error).",
+		}, []string{"source", "result"}),
+	}
+	if reg == nil {
+		return m
+	}
+	m.messages = register(reg, m.messages)
+	m.bytes = register(reg, m.bytes)
+	m.dropped = register(reg, m.dropped)
+	m.oversize = register(reg, m.oversize)
+	m.connErrors = register(reg, m.connErrors)
+	m.conns = register(reg, m.conns)
+	m.replays = register(reg, m.replays)
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name and labels. Any other registration error is a programming error
+// and panics, as MustRegister does.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	panic(err)
+}
+
+// sourceMetrics are the children of one source, resolved once per
+// connection so the receive loop does no label lookups.
+type sourceMetrics struct {
+	messages  prometheus.Counter
+	bytes     prometheus.Counter
+	queueFull prometheus.Counter
+	topic     prometheus.Counter
+}
+
+func (m *Metrics) source(src string) sourceMetrics {
+	return sourceMetrics{
+		messages:  m.messages.WithLabelValues(src),
+		bytes:     m.bytes.WithLabelValues(src),
+		queueFull: m.dropped.WithLabelValues(DropQueueFull, src),
+		topic:     m.dropped.WithLabelValues(DropTopic, src),
+	}
+}
+
+func (m *Metrics) connError(reason, src string) {
+	m.connErrors.WithLabelValues(reason, src).Inc()
+}
