@@ -1,0 +1,394 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/store"
+	"github.com/prefixd/prefixd/store/memory"
+)
+
+// The benchmark shape: 100 pods, distinct prompts of 512 blocks, each
+// prompt held whole by one pod, so a lookup of a prompt walks all of it.
+// Run on one core:
+//
+//	go test -run '^$' -bench 'Lookup' -cpu 1 -benchtime 20000x ./store/memory/
+//	go test -run '^$' -bench 'Apply' -cpu 1 -benchtime 2s ./store/memory/
+//	go test -run '^$' -bench 'Memory' -cpu 1 -benchtime 1x ./store/memory/
+//
+// The 10M cases build ten million blocks (seconds, about 330 MB), once per
+// process; plain go test runs none of this.
+const (
+	benchPods   = 100
+	promptLen   = 512
+	benchApplyN = 1 << 20
+)
+
+var podNames = func() []string {
+	n := make([]string, benchPods)
+	for i := range n {
+		n[i] = fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
+	}
+	return n
+}()
+
+// promptKeys writes prompt p's keys into buf.
+func promptKeys(buf []uint64, p int) []uint64 {
+	buf = buf[:promptLen]
+	for j := range buf {
+		buf[j] = splitmix(uint64(p)<<20 | uint64(j))
+	}
+	return buf
+}
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// fill adds blocks/promptLen prompts to s, prompt p held by pod p%100.
+func fill(tb testing.TB, s store.Store, blocks int) {
+	buf := make([]uint64, promptLen)
+	for p := range blocks / promptLen {
+		if err := s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, promptKeys(buf, p)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+type benchIndex struct {
+	s       *memory.Store
+	m       map[uint64]uint16 // the same blocks in a plain map, for comparison
+	prompts int
+}
+
+// query writes the keys of a random prompt of the index into buf. It is
+// not timed: a lookup's own keys are in cache, as the indexer just
+// computed them, but the index is not.
+func (ix *benchIndex) query(rng *rand.Rand, buf []uint64) []uint64 {
+	return promptKeys(buf, rng.IntN(ix.prompts))
+}
+
+var (
+	benchMu      sync.Mutex
+	benchIndexes = map[int]*benchIndex{}
+)
+
+// index returns a store of the given size, built once per process. Its
+// capacity is twice that, so it is not under pressure: lookups do not keep
+// eviction ages (BenchmarkLookupNearCapacity measures what that costs).
+func index(b *testing.B, blocks int, withMap bool) *benchIndex {
+	benchMu.Lock()
+	defer benchMu.Unlock()
+	ix := benchIndexes[blocks]
+	if ix == nil {
+		s, err := memory.New(memory.Options{CapacityBlocks: 2 * blocks})
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		fill(b, s, blocks)
+		b.Logf("built %d blocks in %v: %+v", blocks, time.Since(start), s.Stats())
+		ix = &benchIndex{s: s, prompts: blocks / promptLen}
+		benchIndexes[blocks] = ix
+	}
+	if withMap && ix.m == nil {
+		ix.m = make(map[uint64]uint16, blocks)
+		buf := make([]uint64, promptLen)
+		for p := range blocks / promptLen {
+			for _, k := range promptKeys(buf, p) {
+				ix.m[k] = uint16(p % benchPods)
+			}
+		}
+	}
+	runtime.GC() // not during the measurement
+	return ix
+}
+
+var sizes = []struct {
+	name   string
+	blocks int
+}{{"1M", 1 << 20}, {"10M", 10_000_000}}
+
+// reportLatency reports the median and 99th percentile of d.
+func reportLatency(b *testing.B, d []time.Duration) {
+	slices.Sort(d)
+	b.ReportMetric(float64(d[len(d)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(d[len(d)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// BenchmarkLookup looks up whole prompts: every key is walked.
+func BenchmarkLookup(b *testing.B) {
+	for _, size := range sizes {
+		b.Run(size.name, func(b *testing.B) {
+			ix := index(b, size.blocks, false)
+			ctx := context.Background()
+			out := make([]store.Match, 0, benchPods)
+			d := make([]time.Duration, b.N)
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, promptLen)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				q := ix.query(rng, buf)
+				t0 := time.Now()
+				out, _ = ix.s.Lookup(ctx, q, nil, out)
+				d[i] = time.Since(t0)
+				if len(out) != 1 || out[0].Blocks != promptLen {
+					b.Fatalf("Lookup = %+v, want one pod with %d blocks", out, promptLen)
+				}
+			}
+			b.StopTimer()
+			reportLatency(b, d)
+		})
+	}
+}
+
+// BenchmarkLookupCached looks up one prompt over and over: everything it
+// touches is in cache, so this is the lookup's own cost.
+func BenchmarkLookupCached(b *testing.B) {
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := promptKeys(make([]uint64, promptLen), 0)
+	if err := s.Add(context.Background(), podNames[0], store.TierGPU, q); err != nil {
+		b.Fatal(err)
+	}
+	out := make([]store.Match, 0, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		out, _ = s.Lookup(context.Background(), q, nil, out)
+	}
+}
+
+// BenchmarkLookupNearCapacity is BenchmarkLookup/1M on a store 80% full:
+// lookups set the eviction age of the blocks they match, a locked write
+// per block on the first lookup of a prompt after the clock passed it.
+func BenchmarkLookupNearCapacity(b *testing.B) {
+	const blocks = 1 << 20
+	s, err := memory.New(memory.Options{CapacityBlocks: blocks + blocks/4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fill(b, s, blocks)
+	runtime.GC()
+	ix := &benchIndex{s: s, prompts: blocks / promptLen}
+	ctx := context.Background()
+	out := make([]store.Match, 0, benchPods)
+	d := make([]time.Duration, b.N)
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]uint64, promptLen)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		q := ix.query(rng, buf)
+		t0 := time.Now()
+		out, _ = ix.s.Lookup(ctx, q, nil, out)
+		d[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	reportLatency(b, d)
+}
+
+// BenchmarkLookupFiltered is BenchmarkLookup/1M with all 100 pods named as
+// candidates.
+func BenchmarkLookupFiltered(b *testing.B) {
+	ix := index(b, 1<<20, false)
+	ctx := context.Background()
+	out := make([]store.Match, 0, benchPods)
+	d := make([]time.Duration, b.N)
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]uint64, promptLen)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		q := ix.query(rng, buf)
+		t0 := time.Now()
+		out, _ = ix.s.Lookup(ctx, q, podNames, out)
+		d[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	reportLatency(b, d)
+}
+
+// BenchmarkLookupMapBaseline walks the same queries through a plain
+// map[uint64]uint16: the floor a simple index starts from.
+func BenchmarkLookupMapBaseline(b *testing.B) {
+	for _, size := range sizes {
+		b.Run(size.name, func(b *testing.B) {
+			ix := index(b, size.blocks, true)
+			d := make([]time.Duration, b.N)
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, promptLen)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				q := ix.query(rng, buf)
+				t0 := time.Now()
+				n := 0
+				pod, ok := ix.m[q[0]]
+				for _, k := range q {
+					if p, ok2 := ix.m[k]; !ok2 || p != pod {
+						break
+					}
+					n++
+				}
+				d[i] = time.Since(t0)
+				if !ok || n != promptLen {
+					b.Fatalf("walked %d blocks, want %d", n, promptLen)
+				}
+			}
+			b.StopTimer()
+			reportLatency(b, d)
+		})
+	}
+}
+
+// BenchmarkApply adds and removes blocks at a steady size of 1Mi blocks:
+// each op stores batch new blocks for a pod and removes the batch stored
+// benchApplyN/batch ops earlier, as BlockStored and BlockRemoved do.
+func BenchmarkApply(b *testing.B) {
+	for _, batch := range []int{1, 16, 128} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			s, err := memory.New(memory.Options{CapacityBlocks: 2 * benchApplyN})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			keys := func(buf []uint64, n int) []uint64 {
+				for j := range buf {
+					buf[j] = splitmix(uint64(n*batch + j))
+				}
+				return buf
+			}
+			add, rm := make([]uint64, batch), make([]uint64, batch)
+			lag := benchApplyN / batch
+			for n := range lag {
+				if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, keys(add, n)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				n := lag + i
+				if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, keys(add, n)); err != nil {
+					b.Fatal(err)
+				}
+				if k, err := s.Remove(ctx, podNames[i%benchPods], store.TierGPU, keys(rm, i)); err != nil || k != batch {
+					b.Fatalf("Remove = %d, %v; want %d", k, err, batch)
+				}
+			}
+			b.ReportMetric(float64(2*batch*b.N)/time.Since(start).Seconds(), "blocks/s")
+		})
+	}
+}
+
+// BenchmarkApplyFull adds blocks to a full store of 1Mi blocks: every
+// block stored evicts one.
+func BenchmarkApplyFull(b *testing.B) {
+	const batch = 16
+	s, err := memory.New(memory.Options{CapacityBlocks: benchApplyN})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	buf := make([]uint64, batch)
+	addN := func(n int) {
+		for j := range buf {
+			buf[j] = splitmix(uint64(n*batch + j))
+		}
+		if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for n := range 2 * benchApplyN / batch {
+		addN(n)
+	}
+	ev := s.Stats().Evicted
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		addN(2*benchApplyN/batch + i)
+	}
+	b.ReportMetric(float64(batch*b.N)/time.Since(start).Seconds(), "blocks/s")
+	b.ReportMetric(float64(s.Stats().Evicted-ev)/float64(b.N*batch), "evictions/block")
+}
+
+// BenchmarkMemory reports the heap a store of one-holder blocks uses, per
+// block. Run it with -benchtime=1x.
+func BenchmarkMemory(b *testing.B) {
+	for _, size := range sizes {
+		b.Run(size.name, func(b *testing.B) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			s, err := memory.New(memory.Options{CapacityBlocks: 2 * size.blocks})
+			if err != nil {
+				b.Fatal(err)
+			}
+			fill(b, s, size.blocks)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			st := s.Stats()
+			runtime.KeepAlive(s)
+			n := float64(st.Blocks)
+			b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/n, "heapinuse-B/block")
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heapalloc-B/block")
+			b.ReportMetric(float64(st.Bytes)/n, "estimate-B/block")
+			if st.Blocks != size.blocks/promptLen*promptLen || st.Evicted != 0 {
+				b.Fatalf("stats %+v after adding %d blocks", st, size.blocks)
+			}
+		})
+	}
+}
+
+// BenchmarkLookupVsMap alternates a Lookup and the same walk through a
+// plain map on the same query, so both see the same machine; it reports
+// the ratio of their medians (store/map).
+func BenchmarkLookupVsMap(b *testing.B) {
+	for _, size := range sizes {
+		b.Run(size.name, func(b *testing.B) {
+			ix := index(b, size.blocks, true)
+			ctx := context.Background()
+			out := make([]store.Match, 0, benchPods)
+			ds, dm := make([]time.Duration, b.N), make([]time.Duration, b.N)
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, promptLen)
+			b.ResetTimer()
+			for i := range b.N {
+				q := ix.query(rng, buf)
+				t0 := time.Now()
+				out, _ = ix.s.Lookup(ctx, q, nil, out)
+				ds[i] = time.Since(t0)
+				q = ix.query(rng, buf)
+				t0 = time.Now()
+				pod := ix.m[q[0]]
+				for _, k := range q {
+					if p, ok := ix.m[k]; !ok || p != pod {
+						break
+					}
+				}
+				dm[i] = time.Since(t0)
+			}
+			b.StopTimer()
+			slices.Sort(ds)
+			slices.Sort(dm)
+			b.ReportMetric(float64(ds[len(ds)/2].Nanoseconds()), "store-p50-ns")
+			b.ReportMetric(float64(dm[len(dm)/2].Nanoseconds()), "map-p50-ns")
+			b.ReportMetric(float64(ds[len(ds)/2])/float64(dm[len(dm)/2]), "ratio")
+		})
+	}
+}

@@ -1,0 +1,65 @@
+// Package memory is the in-memory block index, the default store.Store: a
+// bounded map from block keys to the pods holding them, for one prefixd
+// process.
+//
+// # Basics
+//
+//	s, err := memory.New(memory.Options{CapacityBlocks: 10_000_000, Registerer: reg})
+//	err = s.Add(ctx, "10.0.0.7:8000", store.TierGPU, keys)
+//	matches, err := s.Lookup(ctx, queryKeys, nil, matches)
+//
+// The index is split into a power-of-two number of shards by the high bits
+// of each (mixed) key. A shard is an open-addressing table of 16-byte
+// slots, a key and a holders word, four to a cache line, kept in key order
+// (ordered linear probing, no tombstones). The holders word keeps up to
+// four holders inline, each a 12-bit pod id and a tier mask; blocks held by
+// more pods point to an immutable set. Pods are interned to those ids;
+// there is no string, pointer or list node per entry.
+//
+// Writers take a shard's mutex. Lookups take no lock per key: each shard
+// has a sequence counter (a seqlock) that a lookup reads before and after
+// reading a slot, retrying (and after a few tries, locking) when a writer
+// was there. A lookup reads its keys in chunks: one loop loads every key's
+// home line, so that their cache misses overlap, a second finds the keys
+// without branching on where they are, and a third follows the candidate
+// pods and stops as soon as none still matches. It allocates nothing.
+//
+// Each shard also keeps, per pod, the keys it holds there (as 32-bit
+// fractions of the key), so that ClearPod costs the pod's own blocks plus
+// one lock per shard. Those lists may hold stale entries, which are
+// compacted away once they are a third of a list.
+//
+// Capacity is counted in (pod, key) pairs and split evenly between shards.
+// When a shard is full, a clock with a 2-bit age per block chooses what
+// to forget: blocks are stored at age 1 and set to 3 when a lookup
+// matches them below 2, the hand counts ages down and evicts blocks at 0.
+// Lookups keep ages only in shards over 3/4 full, where eviction is near:
+// elsewhere they write nothing. Blocks
+// that lookups keep reaching (the shared starts of popular prompts) stay;
+// blocks nobody has matched go first, tails of prompts before their
+// heads, since a lookup stops at the first block a pod lacks. Evictions
+// are counted in prefixd_store_evicted_blocks_total.
+//
+// Memory, measured by BenchmarkMemory as the heap in use after storing 10M
+// blocks with one holder each: about 33 bytes a block (tables 56% to 70%
+// full at 16 bytes a slot, plus 4 bytes and some slack per holder in the
+// ownership lists).
+//
+// # Caveats
+//
+//   - MaxPods (4096) pods can hold blocks at once. Ids of pods that were
+//     cleared, or whose last block went, are reused; beyond that Add
+//     returns ErrTooManyPods.
+//   - Capacity is per shard (CapacityBlocks/shards each), so a store holds
+//     slightly less than its capacity before it starts evicting; small
+//     capacities get fewer shards to keep that loss small.
+//   - A lookup sees each key as it was at some instant, not the whole
+//     query at one instant. A block held by more pods than a shard's
+//     capacity cannot be stored whole; Add skips and counts such keys.
+//   - Every operation holds a store-wide RWMutex for reading. Interning a
+//     new pod and ClearPod take it for writing briefly, so a ClearPod
+//     waits for the Adds in flight and delays the lookups behind it.
+//   - Keys are mixed with a fixed multiplicative hash, not a keyed one:
+//     they are expected from engines or from prefixd's own hashing, not
+//     from adversaries.
+package memory

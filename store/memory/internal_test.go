@@ -1,0 +1,228 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/prefixd/prefixd/store"
+)
+
+// TestTableAlignment checks what the layout relies on for speed: a home
+// line is one cache line.
+func TestTableAlignment(t *testing.T) {
+	var keep []*table
+	for n := uint64(minLines); n < 5000; n = n*growNum/growDen + 1 {
+		tb := newTable(n, 8)
+		keep = append(keep, tb) // so that tables do not reuse each other's memory
+		if p := uintptr(unsafe.Pointer(&tb.s[0])); p%64 != 0 {
+			t.Errorf("table of %d lines at %#x, not 64-byte aligned", n, p)
+		}
+	}
+	if unsafe.Sizeof(paddedShard{})&(unsafe.Sizeof(paddedShard{})-1) != 0 {
+		t.Errorf("a padded shard is %d bytes, not a power of two", unsafe.Sizeof(paddedShard{}))
+	}
+	_ = keep
+}
+
+// TestLookupWaitsForWriter holds a shard as a writer would, so that a
+// lookup of one of its keys gives up reading optimistically and waits for
+// the lock; it must still answer right.
+func TestLookupWaitsForWriter(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []uint64{11, 12, 13}
+	if err := s.Add(ctx, "a", store.TierCPU, keys); err != nil {
+		t.Fatal(err)
+	}
+	sh := s.shard(mix(keys[1]))
+	sh.lock()
+	var wg sync.WaitGroup
+	var out []store.Match
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		out, err = s.Lookup(ctx, keys, nil, nil)
+	}()
+	time.Sleep(20 * time.Millisecond) // let the lookup reach the shard (correct either way)
+	sh.unlock()
+	wg.Wait()
+	if err != nil || len(out) != 1 || out[0].Blocks != 3 || out[0].TierBlocks[store.TierCPU] != 3 {
+		t.Fatalf("Lookup = %+v, %v", out, err)
+	}
+}
+
+// TestLookupAges checks that a lookup sets the age of the blocks it
+// matches, and only those.
+func TestLookupAges(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []uint64{21, 22, 23, 24, 25}
+	if err := s.Add(ctx, "a", store.TierGPU, keys[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "b", store.TierGPU, keys[3:]); err != nil {
+		t.Fatal(err)
+	}
+	age := func(k uint64) uint64 {
+		h := mix(k)
+		_, w, ok := s.shard(h).tbl.Load().find(h)
+		if !ok {
+			t.Fatalf("key %d not found", k)
+		}
+		return w & ageMask >> ageShift
+	}
+	for _, k := range keys {
+		if a := age(k); a != 1 {
+			t.Fatalf("key %d stored with age %d, want 1", k, a)
+		}
+	}
+	// Not under pressure, lookups write nothing.
+	if _, err := s.Lookup(ctx, keys, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if a := age(k); a != 1 {
+			t.Fatalf("key %d: age %d after a lookup without pressure, want 1", k, a)
+		}
+	}
+	for i := range s.shards {
+		s.shards[i].pressure.Store(true)
+	}
+	if _, err := s.Lookup(ctx, keys, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		want := uint64(1)
+		if i < 3 {
+			want = 3
+		}
+		if a := age(k); a != want {
+			t.Errorf("key %d: age %d after the lookup, want %d", k, a, want)
+		}
+	}
+}
+
+// TestShrink empties a large store and checks that its tables shrink.
+func TestShrink(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]uint64, 20000)
+	for i := range keys {
+		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "b", store.TierDisk, keys[:10]); err != nil {
+		t.Fatal(err)
+	}
+	full := s.Stats().Bytes
+	if n, err := s.Remove(ctx, "a", store.TierGPU, keys[:16000]); err != nil || n != 16000 {
+		t.Fatalf("Remove = %d, %v", n, err)
+	}
+	checkInvariants(t, s)
+	if err := s.ClearPod(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, s)
+	st := s.Stats()
+	if st.Keys != 10 || st.Bytes > full/20 {
+		t.Fatalf("stats %+v after emptying a store of %d bytes", st, full)
+	}
+}
+
+// TestConcurrentStress runs writers that share keys (so blocks move
+// between inline holders and sets), fill a small store (so shards evict,
+// grow and shrink) and clear pods, against lookups; run it with the race
+// detector. The bookkeeping must be whole at the end.
+func TestConcurrentStress(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{CapacityBlocks: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	universe := make([]uint64, 2000)
+	for i := range universe {
+		universe[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 5))
+			for i := range 250 {
+				pod := fmt.Sprintf("w%d-%d", w, rng.IntN(8))
+				from := rng.IntN(len(universe) - 64)
+				keys := universe[from : from+1+rng.IntN(63)]
+				var err error
+				switch {
+				case i%50 == 49:
+					err = s.ClearPod(ctx, pod)
+				case rng.IntN(3) == 0:
+					_, err = s.Remove(ctx, pod, store.Tier(rng.IntN(3)), keys)
+				default:
+					err = s.Add(ctx, pod, store.Tier(rng.IntN(3)), keys)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	var rwg sync.WaitGroup
+	for r := range 3 {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 6))
+			var out []store.Match
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				from := rng.IntN(len(universe) - 200)
+				keys := universe[from : from+200]
+				var err error
+				if out, err = s.Lookup(ctx, keys, nil, out); err != nil {
+					t.Error(err)
+					return
+				}
+				for _, m := range out {
+					sum := 0
+					for _, n := range m.TierBlocks {
+						sum += n
+					}
+					if m.Blocks < 1 || m.Blocks > len(keys) || sum != m.Blocks || m.Pod == "" {
+						t.Errorf("bad match %+v", m)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	rwg.Wait()
+	checkInvariants(t, s)
+	if st := s.Stats(); st.Blocks > 1500 {
+		t.Fatalf("stats %+v over capacity", st)
+	}
+}

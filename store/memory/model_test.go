@@ -1,0 +1,372 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/prefixd/prefixd/store"
+)
+
+// model is the obvious implementation of the contract, to compare with.
+type model map[string]map[uint64]uint32 // pod -> key -> tier mask
+
+func (m model) add(pod string, tier store.Tier, keys []uint64) {
+	if m[pod] == nil {
+		m[pod] = map[uint64]uint32{}
+	}
+	for _, k := range keys {
+		m[pod][k] |= 1 << tier
+	}
+}
+
+func (m model) remove(pod string, tier store.Tier, keys []uint64) int {
+	n := 0
+	for _, k := range keys {
+		if v := m[pod][k]; v&(1<<tier) != 0 {
+			n++
+			if v &^= 1 << tier; v == 0 {
+				delete(m[pod], k)
+			} else {
+				m[pod][k] = v
+			}
+		}
+	}
+	if len(m[pod]) == 0 {
+		delete(m, pod)
+	}
+	return n
+}
+
+func (m model) lookup(keys []uint64, pods []string) map[string]store.Match {
+	out := map[string]store.Match{}
+	if len(keys) == 0 {
+		return out
+	}
+	for pod, held := range m {
+		if len(pods) > 0 && !slices.Contains(pods, pod) {
+			continue
+		}
+		var mt store.Match
+		for _, k := range keys {
+			v := held[k]
+			if v == 0 {
+				break
+			}
+			mt.Blocks++
+			mt.TierBlocks[bits.TrailingZeros32(v)]++
+		}
+		if mt.Blocks > 0 {
+			out[pod] = mt
+		}
+	}
+	return out
+}
+
+func (m model) pods() []store.PodInfo {
+	var out []store.PodInfo
+	for _, p := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, store.PodInfo{Name: p, Blocks: len(m[p])})
+	}
+	return out
+}
+
+// checkInvariants verifies the shards' internal consistency.
+func checkInvariants(t testing.TB, s *Store) {
+	t.Helper()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for si := range s.shards {
+		sh := &s.shards[si].shard
+		sh.mu.Lock()
+		tb := sh.tbl.Load()
+		n, holdings, sets := 0, 0, 0
+		count := make([]int32, len(sh.count))
+		for j := range tb.end() {
+			w := tb.word(j)
+			if empty(w) {
+				continue
+			}
+			n++
+			h := tb.key(j)
+			if got := s.shard(h); got != sh {
+				t.Fatalf("shard %d slot %d: key %#x belongs to another shard", si, j, h)
+			}
+			if hb := tb.home(h); j < hb {
+				t.Fatalf("shard %d slot %d: key %#x before its home %d", si, j, h, hb)
+			} else if j > hb && (empty(tb.word(j-1)) || tb.ord(tb.key(j-1)) >= tb.ord(h)) {
+				t.Fatalf("shard %d slot %d: key %#x with home %d follows a gap or a greater key", si, j, h, hb)
+			}
+			if _, _, ok := tb.find(h); !ok {
+				t.Fatalf("shard %d slot %d: key %#x not found by find (probe invariant broken)", si, j, h)
+			}
+			var held []uint64
+			if w&ovfFlag == 0 {
+				if w&^(ageMask|1<<(inline*holderBits)-1) != 0 {
+					t.Fatalf("shard %d slot %d: stray bits in %#x", si, j, w)
+				}
+				for shift := uint(0); shift < inline*holderBits; shift += holderBits {
+					if hd := w >> shift & holderMask; maskOf(hd) != 0 {
+						held = append(held, hd)
+					} else if hd != 0 {
+						t.Fatalf("shard %d slot %d: absent holder with bits %#x", si, j, hd)
+					}
+				}
+			} else {
+				sets++
+				set := sh.loadSet(w)
+				if set == nil || len(set.h) <= inline {
+					t.Fatalf("shard %d slot %d: overflow word %#x with set %+v", si, j, w, set)
+				}
+				for _, hd := range set.h {
+					held = append(held, uint64(hd))
+				}
+			}
+			ids := map[uint16]bool{}
+			for _, hd := range held {
+				id := idOf(hd)
+				if ids[id] || maskOf(hd) == 0 {
+					t.Fatalf("shard %d slot %d: bad holders %#v", si, j, held)
+				}
+				ids[id] = true
+				if int(id) >= len(count) {
+					t.Fatalf("shard %d: holder id %d beyond bookkeeping (%d)", si, id, len(count))
+				}
+				count[id]++
+				holdings++
+				if !slices.Contains(sh.owned[id], tb.frac(h)) {
+					t.Fatalf("shard %d: pod %d holds %#x but its ownership list lacks it", si, id, h)
+				}
+				if s.names[id] == "" {
+					t.Fatalf("shard %d: key %#x held by unused id %d", si, h, id)
+				}
+			}
+		}
+		if n != sh.n || holdings != sh.holdings || sets != sh.nsets {
+			t.Fatalf("shard %d: counted %d keys, %d holdings, %d sets; bookkeeping says %d, %d, %d", si, n, holdings, sets, sh.n, sh.holdings, sh.nsets)
+		}
+		if !slices.Equal(count, sh.count) {
+			t.Fatalf("shard %d: per-pod counts %v, bookkeeping %v", si, count, sh.count)
+		}
+		if holdings > sh.capacity {
+			t.Fatalf("shard %d: %d holdings over capacity %d", si, holdings, sh.capacity)
+		}
+		if uint64(n)*maxLoadDen > tb.nSlots*maxLoadNum+maxLoadDen {
+			t.Fatalf("shard %d: %d keys in %d slots", si, n, tb.nSlots)
+		}
+		for id, l := range sh.owned {
+			if c := int(sh.count[id]); len(l) > c+c/2+ownedSlack+1 {
+				t.Fatalf("shard %d: pod %d owns a list of %d for %d keys", si, id, len(l), c)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// ops applies a random sequence of operations read from data to s and to
+// the model and compares every answer.
+func ops(t testing.TB, s *Store, data []byte, universe []uint64) {
+	ctx := context.Background()
+	m := model{}
+	next := func() int {
+		if len(data) == 0 {
+			return 0
+		}
+		b := data[0]
+		data = data[1:]
+		return int(b)
+	}
+	keyOf := func(i int) uint64 { return universe[i%len(universe)] }
+	keys := func() []uint64 {
+		ks := make([]uint64, next()%24)
+		for i := range ks {
+			ks[i] = keyOf(next()<<2 | next()&3)
+		}
+		return ks
+	}
+	var out []store.Match
+	for step := 0; len(data) > 0; step++ {
+		op, pod := next()%8, fmt.Sprintf("p%d", next()%40)
+		tier := store.Tier(next() % int(store.NumTiers))
+		switch op {
+		case 0, 1, 2:
+			ks := keys()
+			if err := s.Add(ctx, pod, tier, ks); err != nil {
+				t.Fatalf("step %d: Add: %v", step, err)
+			}
+			if len(ks) > 0 {
+				m.add(pod, tier, ks)
+			}
+		case 3, 4:
+			ks := keys()
+			got, err := s.Remove(ctx, pod, tier, ks)
+			if want := m.remove(pod, tier, ks); err != nil || got != want {
+				t.Fatalf("step %d: Remove(%s, %v, %d keys) = %d, %v; want %d", step, pod, tier, len(ks), got, err, want)
+			}
+		case 5:
+			if err := s.ClearPod(ctx, pod); err != nil {
+				t.Fatalf("step %d: ClearPod: %v", step, err)
+			}
+			delete(m, pod)
+		case 6:
+			ks := keys()
+			var filter []string
+			for range next() % 3 {
+				filter = append(filter, fmt.Sprintf("p%d", next()%44))
+			}
+			var err error
+			out, err = s.Lookup(ctx, ks, filter, out)
+			if err != nil {
+				t.Fatalf("step %d: Lookup: %v", step, err)
+			}
+			got := map[string]store.Match{}
+			for _, mt := range out {
+				got[mt.Pod] = store.Match{Blocks: mt.Blocks, TierBlocks: mt.TierBlocks}
+			}
+			if want := m.lookup(ks, filter); !maps.Equal(got, want) {
+				t.Fatalf("step %d: Lookup(%d keys, %q):\n got %v\nwant %v", step, len(ks), filter, got, want)
+			}
+		case 7:
+			got, err := s.Pods(ctx)
+			if want := m.pods(); err != nil || !slices.Equal(got, want) {
+				t.Fatalf("step %d: Pods = %v, %v\nwant %v", step, got, err, want)
+			}
+			checkInvariants(t, s)
+		}
+	}
+	checkInvariants(t, s)
+}
+
+func TestModel(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		for seed := range uint64(8) {
+			t.Run(fmt.Sprintf("shards=%d/seed=%d", shards, seed), func(t *testing.T) {
+				s, err := New(Options{Shards: shards})
+				if err != nil {
+					t.Fatal(err)
+				}
+				data := make([]byte, 12000)
+				rng := rand.New(rand.NewPCG(seed, 7))
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				ops(t, s, data, spread)
+			})
+		}
+	}
+}
+
+// spread is 1024 keys over every shard, 0 and 2^64-1 among them.
+var spread = func() []uint64 {
+	u := make([]uint64, 1024)
+	for i := range u {
+		u[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	u[1] = 1<<64 - 1
+	return u
+}()
+
+// unmix inverts mix.
+func unmix(h uint64) uint64 {
+	inv := uint64(0x9e3779b97f4a7c15) // Newton's iteration for the inverse mod 2^64
+	for range 5 {
+		inv *= 2 - 0x9e3779b97f4a7c15*inv
+	}
+	x := h * inv
+	return x ^ x>>32
+}
+
+// colliding is keys of one shard (of any count) whose mixed values share a
+// few 32-bit fractions, the case ownership lists must get right.
+var colliding = func() []uint64 {
+	var u []uint64
+	for f := range uint64(3) {
+		for low := range uint64(12) {
+			u = append(u, unmix((0x7000_0000+f)<<32|low*0x1234567))
+		}
+	}
+	return u
+}()
+
+func TestUnmix(t *testing.T) {
+	for _, k := range []uint64{0, 1, 1<<64 - 1, 0x123456789abcdef} {
+		if got := unmix(mix(k)); got != k {
+			t.Fatalf("unmix(mix(%#x)) = %#x", k, got)
+		}
+	}
+}
+
+func TestModelCollidingFractions(t *testing.T) {
+	for seed := range uint64(10) {
+		s, err := New(Options{Shards: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, 10000)
+		rng := rand.New(rand.NewPCG(seed, 9))
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		ops(t, s, data, colliding)
+	}
+}
+
+func FuzzOps(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 4, 1, 2, 3, 4, 5, 6, 7, 8, 6, 1, 0, 4, 1, 2, 3, 4, 7})
+	f.Add([]byte("\x00\x01\x00\x08abcdefghijklmnop\x00\x02\x00\x08abcdefghijklmnop\x00\x03\x00\x08abcdefghijklmnop\x06\x00\x00\x08abcdefghijklmnop\x07"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := New(Options{Shards: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops(t, s, data, spread)
+	})
+}
+
+// TestEvictionInvariants fills small stores far beyond capacity, with many
+// holders per key, and checks the bookkeeping stays consistent.
+func TestEvictionInvariants(t *testing.T) {
+	ctx := context.Background()
+	for _, capacity := range []int{1, 7, 300, 2000} {
+		t.Run(fmt.Sprint(capacity), func(t *testing.T) {
+			s, err := New(Options{CapacityBlocks: capacity})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(uint64(capacity), 3))
+			for i := range 3000 {
+				pod := fmt.Sprintf("p%d", rng.IntN(30))
+				ks := make([]uint64, rng.IntN(16))
+				for j := range ks {
+					ks[j] = uint64(rng.IntN(4 * capacity))
+				}
+				switch rng.IntN(10) {
+				case 0:
+					if _, err := s.Remove(ctx, pod, store.TierGPU, ks); err != nil {
+						t.Fatal(err)
+					}
+				case 1:
+					if err := s.ClearPod(ctx, pod); err != nil {
+						t.Fatal(err)
+					}
+				default:
+					if err := s.Add(ctx, pod, store.Tier(rng.IntN(3)), ks); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if i%100 == 0 {
+					checkInvariants(t, s)
+				}
+			}
+			checkInvariants(t, s)
+			st := s.Stats()
+			if st.Blocks > capacity || st.Evicted == 0 {
+				t.Fatalf("stats %+v: want at most %d blocks and some evictions", st, capacity)
+			}
+		})
+	}
+}

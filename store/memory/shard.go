@@ -1,0 +1,527 @@
+package memory
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// mix spreads a block key over 64 bits. Engine keys are usually good
+// hashes already, but FNV-1a (the llm-d chain) has weak low bits and keys
+// computed by other schemes need not be uniform. It is a bijection, so the
+// tables store mixed keys and never need the original back.
+func mix(k uint64) uint64 { return (k ^ k>>32) * 0x9e3779b97f4a7c15 }
+
+// optimisticTries is how many times a lookup re-reads a key a writer keeps
+// changing before it takes the shard's lock.
+const optimisticTries = 4
+
+// ownedSlack is how many stale entries a pod's ownership list in one shard
+// may carry beyond half its live keys before it is compacted.
+const ownedSlack = 16
+
+// shard is one stripe of the index. Writers take mu and make seq odd while
+// they change the table; lookups take no lock: they read seq, the table
+// and seq again, and retry when seq moved (a seqlock), so reads never
+// contend with each other or write to shared memory, except to set the
+// age of a block they match when it is not already at its top.
+type shard struct {
+	mu  sync.Mutex    // serialises writers; guards the fields below dir
+	seq atomic.Uint64 // odd while a writer changes tbl, its slots or the sets
+	tbl atomic.Pointer[table]
+	dir atomic.Pointer[setDir]
+
+	freeSets []uint32 // unused indexes of dir
+	nsets    int      // sets in use
+	n        int      // keys
+	holdings int      // (pod, key) pairs
+	capacity int      // most holdings
+	hand     uint64   // CLOCK hand: the next slot eviction inspects
+	// owned[id] lists the keys pod id holds in this shard, so that clearing
+	// a pod costs its own blocks. It keeps 32-bit fractions (table.frac),
+	// not 64-bit keys, which halves its size: a fraction leads to its keys,
+	// in its home line or just after, and the rare keys that share one are
+	// all examined. It may also list keys the pod no longer holds, and a
+	// fraction twice; compactOwned bounds that.
+	owned [][]uint32
+	count []int32 // by pod id: keys the pod holds here
+	sink  uint64  // keeps the loads that warm the cache
+
+	// pressure is set while the shard is over pressureOn of its capacity,
+	// until it falls under pressureOff. Only then do lookups keep ages up
+	// to date: ages matter only to eviction, and keeping them costs a
+	// locked write per block matched.
+	pressure atomic.Bool
+}
+
+// A shard is under pressure from 3/4 of its capacity, so that lookups have
+// marked the blocks they match by the time the clock first sweeps, and
+// until it falls back to 1/2.
+const (
+	pressureOnNum  = 3
+	pressureOnDen  = 4
+	pressureOffNum = 1
+	pressureOffDen = 2
+)
+
+// paddedShard rounds a shard up to 256 bytes: a lookup finds its shard
+// with a shift instead of a multiplication, and neighbouring shards' locks
+// and sequence counters are on different cache lines.
+type paddedShard struct {
+	shard
+	_ [(256 - unsafe.Sizeof(shard{})%256) % 256]byte
+}
+
+func (sh *shard) init(shardBits uint, capacity int) {
+	sh.tbl.Store(newTable(minLines, shardBits))
+	sh.dir.Store(&setDir{})
+	sh.capacity = capacity
+}
+
+// lock and unlock bracket every change.
+func (sh *shard) lock() {
+	sh.mu.Lock()
+	sh.seq.Add(1)
+}
+
+func (sh *shard) unlock() {
+	sh.seq.Add(1)
+	sh.mu.Unlock()
+}
+
+// get returns the holders of h (the word and, for a block with more than
+// four holders, its set) and its slot, without marking it referenced. It
+// runs without the lock while writers leave the shard alone, and takes it
+// when they keep changing it.
+func (sh *shard) get(h uint64) (uint64, *holderSet, uint64, bool) {
+	for range optimisticTries {
+		v := sh.seq.Load()
+		if v&1 != 0 {
+			continue
+		}
+		j, w, ok := sh.tbl.Load().find(h)
+		var s *holderSet
+		if ok && w&ovfFlag != 0 {
+			s = sh.loadSet(w)
+		}
+		if sh.seq.Load() != v || (ok && w&ovfFlag != 0 && s == nil) {
+			continue
+		}
+		return w, s, j, ok
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	j, w, ok := sh.tbl.Load().find(h)
+	if !ok {
+		return 0, nil, 0, false
+	}
+	var s *holderSet
+	if w&ovfFlag != 0 {
+		s = sh.loadSet(w)
+	}
+	return w, s, j, true
+}
+
+// loadSet returns the set an overflow word points to, or nil when a
+// concurrent writer left the word and the directory disagreeing.
+func (sh *shard) loadSet(w uint64) *holderSet {
+	d := sh.dir.Load()
+	i := w & setIdxMask
+	if i >= uint64(len(d.sets)) {
+		return nil
+	}
+	return d.sets[i].Load()
+}
+
+// newSet stores s in the directory and returns its index.
+func (sh *shard) newSet(s *holderSet) uint64 {
+	sh.nsets++
+	if n := len(sh.freeSets); n > 0 {
+		i := sh.freeSets[n-1]
+		sh.freeSets = sh.freeSets[:n-1]
+		sh.dir.Load().sets[i].Store(s)
+		return uint64(i)
+	}
+	d := sh.dir.Load()
+	i := len(d.sets)
+	nd := &setDir{sets: make([]atomic.Pointer[holderSet], max(2*i, 16))}
+	for j := range d.sets {
+		nd.sets[j].Store(d.sets[j].Load())
+	}
+	for j := len(nd.sets) - 1; j > i; j-- {
+		sh.freeSets = append(sh.freeSets, uint32(j))
+	}
+	nd.sets[i].Store(s)
+	sh.dir.Store(nd)
+	return uint64(i)
+}
+
+func (sh *shard) replaceSet(w uint64, s *holderSet) { sh.dir.Load().sets[w&setIdxMask].Store(s) }
+
+func (sh *shard) freeSet(w uint64) {
+	i := uint32(w & setIdxMask)
+	sh.nsets--
+	sh.dir.Load().sets[i].Store(nil)
+	sh.freeSets = append(sh.freeSets, i)
+}
+
+// add records that pod id holds h on the tiers in bit. It returns the
+// holdings evicted to make room and whether h was skipped because no room
+// could be made.
+func (sh *shard) add(h uint64, id uint16, bit uint64) (evicted int, skipped bool) {
+	t := sh.tbl.Load()
+	j, w, ok := t.find(h)
+	if !ok {
+		if sh.holdings >= sh.capacity {
+			if evicted, ok = sh.makeRoom(h); !ok {
+				return evicted, true
+			}
+		}
+		if uint64(sh.n+1)*maxLoadDen > t.nSlots*maxLoadNum {
+			t = sh.resize(t.nLines * growNum / growDen)
+		}
+		for !t.insert(h, ageNew|holder(id, bit)) {
+			t = sh.resize(t.nLines * growNum / growDen)
+		}
+		sh.n++
+		sh.gained(id, h)
+		return evicted, false
+	}
+	if w&ovfFlag == 0 {
+		if shift, m, found := inlineFind(w, id); found {
+			if m&bit == 0 {
+				t.setWord(j, w|bit<<(podBits+shift))
+			}
+			return 0, false
+		}
+	} else {
+		s := sh.loadSet(w)
+		if i, m := s.find(id); i >= 0 {
+			if m&bit == 0 {
+				sh.replaceSet(w, s.with(i, id, m|bit))
+			}
+			return 0, false
+		}
+	}
+	// A new holder of a stored key.
+	if sh.holdings >= sh.capacity {
+		if evicted, ok = sh.makeRoom(h); !ok {
+			return evicted, true
+		}
+		j, w, _ = t.find(h) // eviction shifts entries but never resizes
+	}
+	if w&ovfFlag != 0 {
+		sh.replaceSet(w, sh.loadSet(w).with(-1, id, bit))
+	} else if shift, ok := inlineFree(w); ok {
+		t.setWord(j, w|holder(id, bit)<<shift)
+	} else {
+		s := &holderSet{h: make([]uint16, 0, inline+1)}
+		for shift := uint(0); shift < inline*holderBits; shift += holderBits {
+			s.h = append(s.h, uint16(w>>shift&holderMask))
+		}
+		s.h = append(s.h, uint16(holder(id, bit)))
+		t.setWord(j, w&ageMask|ovfFlag|sh.newSet(s))
+	}
+	sh.gained(id, h)
+	return evicted, false
+}
+
+// unset clears the tiers in bits of pod id's holding of h and reports
+// whether any of them was set. When the pod is left holding h on no tier
+// it loses the key; compact says whether its ownership list may be
+// compacted (not while a caller walks it).
+func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
+	t := sh.tbl.Load()
+	j, w, ok := t.find(h)
+	if !ok {
+		return false
+	}
+	if w&ovfFlag == 0 {
+		shift, m, found := inlineFind(w, id)
+		if !found || m&bits == 0 {
+			return false
+		}
+		if m&^bits != 0 {
+			t.setWord(j, w&^(bits<<(podBits+shift)))
+			return true
+		}
+		if w &^= holderMask << shift; empty(w) {
+			t.delete(j)
+			sh.n--
+		} else {
+			t.setWord(j, w)
+		}
+	} else {
+		s := sh.loadSet(w)
+		i, m := s.find(id)
+		if i < 0 || m&bits == 0 {
+			return false
+		}
+		m &^= bits
+		s = s.with(i, id, m)
+		if m != 0 || len(s.h) > inline {
+			sh.replaceSet(w, s)
+		} else {
+			// Four holders left: back inline.
+			nw := w & ageMask
+			for k, hd := range s.h {
+				nw |= uint64(hd) << (uint(k) * holderBits)
+			}
+			t.setWord(j, nw)
+			sh.freeSet(w)
+		}
+		if m != 0 {
+			return true
+		}
+	}
+	sh.lost(id, compact)
+	sh.maybeShrink()
+	return true
+}
+
+// gained and lost keep the per-pod bookkeeping of a holding.
+func (sh *shard) gained(id uint16, h uint64) {
+	if int(id) >= len(sh.count) {
+		sh.count = append(sh.count, make([]int32, int(id)+1-len(sh.count))...)
+		sh.owned = append(sh.owned, make([][]uint32, int(id)+1-len(sh.owned))...)
+	}
+	sh.holdings++
+	if sh.holdings*pressureOnDen >= sh.capacity*pressureOnNum && !sh.pressure.Load() {
+		sh.pressure.Store(true)
+	}
+	sh.count[id]++
+	l := sh.owned[id]
+	if len(l) == cap(l) {
+		// Grow by an eighth, not append's half or double: these lists are
+		// a quarter of the store's memory.
+		n := make([]uint32, len(l), len(l)+len(l)/8+8)
+		copy(n, l)
+		l = n
+	}
+	sh.owned[id] = append(l, sh.tbl.Load().frac(h))
+}
+
+func (sh *shard) lost(id uint16, compact bool) {
+	sh.holdings--
+	if sh.holdings*pressureOffDen < sh.capacity*pressureOffNum && sh.pressure.Load() {
+		sh.pressure.Store(false)
+	}
+	sh.count[id]--
+	c := int(sh.count[id])
+	if compact && len(sh.owned[id]) > c+c/2+ownedSlack {
+		sh.compactOwned(id)
+	}
+}
+
+// compactOwned drops from pod id's ownership list the fractions of keys it
+// no longer holds and the duplicates. It runs when at least a third of the
+// list is stale, so the removals that made it stale pay for it. The home
+// lines are loaded first in a loop whose misses overlap; duplicates are
+// found with markBit, set on the first key of a kept fraction and cleared
+// after.
+func (sh *shard) compactOwned(id uint16) {
+	t := sh.tbl.Load()
+	l := sh.owned[id]
+	var sink uint64
+	for _, f := range l {
+		sink += t.word(t.fracHome(f))
+	}
+	sh.sink += sink
+	out := l[:0]
+	for _, f := range l {
+		if j, w, ok := sh.firstHeld(t, f, id); ok && w&markBit == 0 {
+			t.setWord(j, w|markBit)
+			out = append(out, f)
+		}
+	}
+	for _, f := range out {
+		j, w, _ := sh.firstHeld(t, f, id)
+		t.setWord(j, w&^markBit)
+	}
+	switch {
+	case len(out) == 0:
+		out = nil
+	case cap(out) > 2*len(out)+ownedSlack:
+		out = slices.Clip(slices.Clone(out))
+	}
+	sh.owned[id] = out
+}
+
+// firstHeld returns the first key with fraction f that pod id holds.
+func (sh *shard) firstHeld(t *table, f uint32, id uint16) (uint64, uint64, bool) {
+	for j := t.fracHome(f); j < t.end(); j++ {
+		w := t.word(j)
+		if empty(w) {
+			break
+		}
+		switch kf := t.frac(t.key(j)); {
+		case kf > f:
+			return 0, 0, false
+		case kf == f && sh.holdsIn(w, id):
+			return j, w, true
+		}
+	}
+	return 0, 0, false
+}
+
+// holdsIn reports whether pod id is among the holders in word w.
+func (sh *shard) holdsIn(w uint64, id uint16) bool {
+	if w&ovfFlag == 0 {
+		_, _, found := inlineFind(w, id)
+		return found
+	}
+	i, _ := sh.loadSet(w).find(id)
+	return i >= 0
+}
+
+// clearPod removes every holding of pod id, walking its ownership list.
+func (sh *shard) clearPod(id uint16) {
+	if int(id) >= len(sh.count) {
+		return
+	}
+	l := sh.owned[id]
+	sh.owned[id] = nil
+	for _, f := range l {
+		for {
+			t := sh.tbl.Load()
+			j, _, ok := sh.firstHeld(t, f, id)
+			if !ok {
+				break
+			}
+			sh.unset(t.key(j), id, allTiers, false)
+		}
+	}
+	sh.count[id] = 0
+}
+
+// forget drops the bookkeeping of a pod that holds nothing here.
+func (sh *shard) forget(id uint16) {
+	if int(id) < len(sh.count) {
+		sh.owned[id] = nil
+		sh.count[id] = 0
+	}
+}
+
+// makeRoom evicts blocks other than skip until a holding fits.
+func (sh *shard) makeRoom(skip uint64) (evicted int, ok bool) {
+	for sh.holdings >= sh.capacity {
+		n, ok := sh.evictOne(skip)
+		if !ok {
+			return evicted, false
+		}
+		evicted += n
+	}
+	return evicted, true
+}
+
+// evictOne forgets one block chosen by a clock with a 2-bit age per block:
+// a block is stored with age 1 and set to 3 when a lookup matches it at
+// age 0 or 1 (while the shard is under pressure); the hand sweeps the
+// slots, counting ages down, and evicts the first block at 0. So a block
+// just stored and never matched goes on the hand's second pass, and a
+// block lookups keep matching stays: it needs three passes without them. Blocks near the root of popular
+// prompts are matched by every lookup that reaches them and stay; the
+// tails of prompts nobody asks for again go first. (With one reference
+// bit, a table whose blocks were all just stored or matched looks all
+// alike after one sweep, and the hand then evicts matched blocks as
+// readily as others.) It returns the holdings dropped.
+func (sh *shard) evictOne(skip uint64) (int, bool) {
+	t := sh.tbl.Load()
+	end := t.end()
+	for range (ageMask>>ageShift+1)*end + 1 { // ages count down to 0 within this many sweeps
+		if sh.hand >= end {
+			sh.hand = 0
+		}
+		j := sh.hand
+		w := t.word(j)
+		switch {
+		case empty(w):
+		case t.key(j) == skip:
+		case w&ageMask != 0:
+			t.setWord(j, w-1<<ageShift)
+		default:
+			// The entry shifted into j by the deletion is inspected next.
+			return sh.evictSlot(t, j, w), true
+		}
+		sh.hand = j + 1
+	}
+	return 0, false
+}
+
+func (sh *shard) evictSlot(t *table, j uint64, w uint64) int {
+	var ids [inline]uint16
+	held := ids[:0]
+	if w&ovfFlag == 0 {
+		for shift := uint(0); shift < inline*holderBits; shift += holderBits {
+			if hd := w >> shift & holderMask; hd != 0 {
+				held = append(held, idOf(hd))
+			}
+		}
+	} else {
+		for _, hd := range sh.loadSet(w).h {
+			held = append(held, idOf(uint64(hd)))
+		}
+		sh.freeSet(w)
+	}
+	t.delete(j)
+	sh.n--
+	for _, id := range held {
+		sh.lost(id, true)
+	}
+	return len(held)
+}
+
+// resize rehashes the table into one of nLines home lines (or more, should
+// its keys run past the end) and publishes it. The caller holds the lock
+// with seq odd and leaves the table whole, so seq is made even while the
+// new table is built: lookups go on reading the old one, which does not
+// change, and only retry for the switch.
+func (sh *shard) resize(nLines uint64) *table {
+	old := sh.tbl.Load()
+	sh.seq.Add(1)
+	var t *table
+	for ok := false; !ok; nLines = nLines * growNum / growDen {
+		t = newTable(nLines, old.shardBits)
+		ok = true
+		from := uint64(0)
+		for j := range old.end() {
+			if w := old.word(j); !empty(w) && !t.rehash(&from, old.key(j), w) {
+				ok = false
+				break
+			}
+		}
+	}
+	sh.seq.Add(1)
+	sh.hand = sh.hand * t.end() / old.end()
+	sh.tbl.Store(t)
+	return t
+}
+
+// maybeShrink shrinks a table that fell below 1/shrinkDen full to one half
+// full.
+func (sh *shard) maybeShrink() {
+	t := sh.tbl.Load()
+	if uint64(sh.n)*shrinkDen >= t.nSlots || t.nLines <= minLines {
+		return
+	}
+	sh.resize(max(minLines, uint64(2*sh.n+lineSlots-1)/lineSlots))
+}
+
+// bytes estimates the memory the shard holds.
+func (sh *shard) bytes() int64 {
+	b := int64(len(sh.tbl.Load().s))*16 + int64(len(sh.dir.Load().sets))*8 + int64(cap(sh.freeSets))*4
+	b += int64(cap(sh.count))*4 + int64(cap(sh.owned))*24
+	for _, l := range sh.owned {
+		b += int64(cap(l)) * 4
+	}
+	if sh.nsets > 0 {
+		d := sh.dir.Load()
+		for i := range d.sets {
+			if s := d.sets[i].Load(); s != nil {
+				b += 32 + int64(cap(s.h))*2
+			}
+		}
+	}
+	return b
+}

@@ -1,0 +1,327 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prefixd/prefixd/store"
+)
+
+// MaxPods is how many pods a Store knows at once: pod ids are 12 bits.
+const MaxPods = 1 << podBits
+
+// ErrTooManyPods is returned by Add when MaxPods pods already hold blocks.
+var ErrTooManyPods = errors.New("memory: too many pods")
+
+// Store is the in-memory block index, built for millions of blocks held by
+// up to a few thousand pods, lookups of hundreds of keys from many
+// goroutines, and a steady stream of adds and removes.
+//
+// Locking: every operation holds mu for reading while it runs, and takes
+// shard locks one at a time inside it. Interning a new pod and the start
+// and end of ClearPod take mu for writing, so a pod id seen by an operation
+// cannot be freed and handed to another pod before that operation ends.
+type Store struct {
+	shards    []paddedShard
+	shift     uint   // 64 - log2(len(shards)), 64 for one shard
+	shardMask uint64 // len(shards) - 1
+	capacity  int
+	metrics   *metrics
+
+	evicted atomic.Int64 // holdings evicted to stay within capacity
+	skipped atomic.Int64 // keys not added for lack of room or pod ids
+
+	mu    sync.RWMutex      // guards the pod table below
+	ids   map[string]uint16 // live pods by name
+	names []string          // by id; "" for ids not in use
+	live  [MaxPods / 64]uint64
+	free  []uint16 // ids to reuse
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns an empty Store.
+func New(opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	n := opts.shards()
+	shardBits := uint(bits.TrailingZeros(uint(n)))
+	s := &Store{
+		shards:    make([]paddedShard, n),
+		shift:     64 - shardBits,
+		shardMask: uint64(n - 1),
+		capacity:  opts.CapacityBlocks,
+		ids:       make(map[string]uint16),
+	}
+	for i := range s.shards {
+		c := opts.CapacityBlocks / n
+		if i < opts.CapacityBlocks%n {
+			c++
+		}
+		s.shards[i].init(shardBits, c)
+	}
+	m, err := newMetrics(opts.Registerer, s)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// CapacityBlocks returns the most (pod, key) pairs the store holds.
+func (s *Store) CapacityBlocks() int { return s.capacity }
+
+// shard returns the shard of mixed key h: its high bits. (The mask makes
+// one shard, shift 64, work with a shift the CPU does in one instruction.)
+func (s *Store) shard(h uint64) *shard { return &s.shards[h>>(s.shift&63)&s.shardMask].shard }
+
+func check(ctx context.Context, pod string, tier store.Tier) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memory: %w", err)
+	}
+	if pod == "" {
+		return store.ErrInvalidPod
+	}
+	if tier >= store.NumTiers {
+		return fmt.Errorf("%w: %d", store.ErrInvalidTier, tier)
+	}
+	return nil
+}
+
+// Add records that pod holds keys on tier. When the store is full it
+// evicts other blocks; a key that still does not fit is skipped and
+// counted.
+func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uint64) error {
+	if err := check(ctx, pod, tier); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	s.mu.RLock()
+	id, ok := s.ids[pod]
+	for !ok {
+		s.mu.RUnlock()
+		if err := s.intern(pod); err != nil {
+			s.skipped.Add(int64(len(keys)))
+			s.metrics.dropped.WithLabelValues(dropPods).Add(float64(len(keys)))
+			return err
+		}
+		s.mu.RLock()
+		id, ok = s.ids[pod] // a ClearPod may have raced in between
+	}
+	bit := uint64(1) << tier
+	evicted, skipped := 0, 0
+	for i, k := range keys {
+		if i%maxChunk == 0 && len(keys) > 1 {
+			keep(s.touch(keys[i:min(i+maxChunk, len(keys))]))
+		}
+		h := mix(k)
+		sh := s.shard(h)
+		sh.lock()
+		e, skip := sh.add(h, id, bit)
+		sh.unlock()
+		evicted += e
+		if skip {
+			skipped++
+		}
+	}
+	s.mu.RUnlock()
+	if evicted > 0 {
+		s.evicted.Add(int64(evicted))
+		s.metrics.evictions.Add(float64(evicted))
+	}
+	if skipped > 0 {
+		s.skipped.Add(int64(skipped))
+		s.metrics.dropped.WithLabelValues(dropCapacity).Add(float64(skipped))
+	}
+	return nil
+}
+
+// keep makes x look used, so that the loads that computed it stay.
+func keep(x uint64) {
+	if x == 0x5eed_5eed_5eed_5eed {
+		keepSink.Add(1)
+	}
+}
+
+var keepSink atomic.Int64
+
+// intern gives pod an id.
+func (s *Store) intern(pod string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.ids[pod]; ok {
+		return nil
+	}
+	if len(s.free) == 0 && len(s.names) == MaxPods {
+		s.reclaimLocked()
+	}
+	var id uint16
+	switch n := len(s.free); {
+	case n > 0:
+		id = s.free[n-1]
+		s.free = s.free[:n-1]
+		s.names[id] = pod
+	case len(s.names) < MaxPods:
+		id = uint16(len(s.names))
+		s.names = append(s.names, pod)
+	default:
+		return fmt.Errorf("%w: %d pods hold blocks, cannot add %q", ErrTooManyPods, MaxPods, pod)
+	}
+	s.ids[pod] = id
+	s.live[id/64] |= 1 << (id % 64)
+	return nil
+}
+
+// reclaimLocked frees the ids of pods that hold no blocks any more. It
+// runs only when every id is taken; mu is held for writing, so no other
+// operation is using an id.
+func (s *Store) reclaimLocked() {
+	counts := s.countsLocked()
+	for name, id := range s.ids {
+		if counts[id] != 0 {
+			continue
+		}
+		for i := range s.shards {
+			sh := &s.shards[i].shard
+			sh.mu.Lock()
+			sh.forget(id)
+			sh.mu.Unlock()
+		}
+		delete(s.ids, name)
+		s.live[id/64] &^= 1 << (id % 64)
+		s.names[id] = ""
+		s.free = append(s.free, id)
+	}
+}
+
+// countsLocked returns every id's block count; mu must be held.
+func (s *Store) countsLocked() []int {
+	counts := make([]int, len(s.names))
+	for i := range s.shards {
+		sh := &s.shards[i].shard
+		sh.mu.Lock()
+		for id, c := range sh.count {
+			counts[id] += int(c)
+		}
+		sh.mu.Unlock()
+	}
+	return counts
+}
+
+// Remove records that pod no longer holds keys on tier and returns how
+// many it held there.
+func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []uint64) (int, error) {
+	if err := check(ctx, pod, tier); err != nil {
+		return 0, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	id, ok := s.ids[pod]
+	if !ok {
+		return 0, nil
+	}
+	bit := uint64(1) << tier
+	removed := 0
+	for i, k := range keys {
+		if i%maxChunk == 0 && len(keys) > 1 {
+			keep(s.touch(keys[i:min(i+maxChunk, len(keys))]))
+		}
+		h := mix(k)
+		sh := s.shard(h)
+		sh.lock()
+		if sh.unset(h, id, bit, true) {
+			removed++
+		}
+		sh.unlock()
+	}
+	return removed, nil
+}
+
+// ClearPod removes every block of pod. It costs the pod's own blocks plus
+// one lock per shard. The pod disappears from lookups and Pods at once;
+// its id is reused only after every shard has dropped its blocks.
+func (s *Store) ClearPod(ctx context.Context, pod string) error {
+	if err := check(ctx, pod, 0); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	id, ok := s.ids[pod]
+	if ok {
+		delete(s.ids, pod)
+		s.live[id/64] &^= 1 << (id % 64)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	for i := range s.shards {
+		sh := &s.shards[i].shard
+		sh.lock()
+		sh.clearPod(id)
+		sh.unlock()
+	}
+	s.mu.Lock()
+	s.names[id] = ""
+	s.free = append(s.free, id)
+	s.mu.Unlock()
+	return nil
+}
+
+// Pods lists the pods holding at least one block, sorted by name.
+func (s *Store) Pods(ctx context.Context) ([]store.PodInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memory: %w", err)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	counts := s.countsLocked()
+	out := make([]store.PodInfo, 0, len(s.ids))
+	for name, id := range s.ids {
+		if counts[id] > 0 {
+			out = append(out, store.PodInfo{Name: name, Blocks: counts[id]})
+		}
+	}
+	slices.SortFunc(out, func(a, b store.PodInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Stats is a snapshot of a Store's size and counters.
+type Stats struct {
+	// Pods is the number of pods with an id, holding blocks or not.
+	Pods int
+	// Keys is the number of distinct keys; Blocks the (pod, key) pairs.
+	Keys, Blocks   int
+	CapacityBlocks int
+	// Evicted counts the blocks evicted to stay within capacity, Skipped the
+	// keys Add could not store, since New.
+	Evicted, Skipped int64
+	// Bytes estimates the memory of the tables, holder sets and per-pod
+	// ownership lists.
+	Bytes int64
+}
+
+// Stats returns the store's current size and counters.
+func (s *Store) Stats() Stats {
+	s.mu.RLock()
+	st := Stats{Pods: len(s.ids), CapacityBlocks: s.capacity, Evicted: s.evicted.Load(), Skipped: s.skipped.Load()}
+	s.mu.RUnlock()
+	for i := range s.shards {
+		sh := &s.shards[i].shard
+		sh.mu.Lock()
+		st.Keys += sh.n
+		st.Blocks += sh.holdings
+		st.Bytes += sh.bytes()
+		sh.mu.Unlock()
+	}
+	return st
+}
