@@ -1,0 +1,425 @@
+package indexer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/store"
+)
+
+// Indexer applies replicas' KV events to a store and answers prefix queries.
+//
+// Apply is safe for concurrent use by different pods; the batches of one pod
+// must be applied in publish order, by one goroutine at a time (the pod's
+// lock makes overlapping calls safe but cannot restore an order the caller
+// lost). Match is safe for concurrent use with everything.
+type Indexer struct {
+	store   store.Store
+	opts    Options
+	metrics *Metrics
+	log     *slog.Logger
+
+	mu     sync.RWMutex // protects pods, models and loras
+	pods   map[string]*pod
+	models map[string]*model
+	loras  map[string]string // adapter name -> base model name
+}
+
+// pod is one holder of blocks: a replica, or one data-parallel rank of it.
+type pod struct {
+	name  string
+	model *model
+
+	mu        sync.Mutex // serializes applies to this pod; protects the fields below
+	seq       uint64
+	hasSeq    bool
+	lastEvent time.Time
+	stale     atomic.Bool
+	// keys maps engine hash -> own key in tokens mode, with the tiers the
+	// pod holds the block on.
+	keys map[uint64]ownKey
+	// scratch reused across events.
+	buf []uint64
+}
+
+type ownKey struct {
+	key   uint64
+	tiers uint8
+}
+
+// New returns an Indexer over st. metrics may be nil (NewMetrics(nil) is used).
+func New(st store.Store, opts Options, metrics *Metrics, log *slog.Logger) (*Indexer, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ix := &Indexer{
+		store:   st,
+		opts:    opts,
+		metrics: metrics,
+		log:     log,
+		pods:    make(map[string]*pod),
+		models:  make(map[string]*model),
+		loras:   make(map[string]string),
+	}
+	for name, mo := range opts.Models {
+		m, err := ix.model(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range mo.LoRAs {
+			ix.loras[l] = m.name
+		}
+	}
+	return ix, nil
+}
+
+// Source identifies a publisher whose topic names no pod or model: its
+// endpoint, and the model it serves when known.
+type Source struct {
+	Pod   string
+	Model string
+}
+
+// PodName returns the holder name of a batch: the topic's ip:port, with
+// "#<rank>" appended for data-parallel ranks above 0. Topics that are not
+// kv@<pod>@<model> name the pod by src.
+func PodName(topic []byte, rank int, src Source) (podName, modelName string) {
+	var buf [128]byte
+	name, model := appendPodName(buf[:0], topic, rank, src)
+	return string(name), string(model)
+}
+
+// appendPodName appends a batch's holder name to dst; model is a view of
+// topic, or src.Model's bytes.
+func appendPodName(dst, topic []byte, rank int, src Source) (name, model []byte) {
+	pod, model, ok := events.ParseTopic(topic)
+	if ok {
+		dst = append(dst, pod...)
+	} else {
+		dst = append(dst, src.Pod...)
+		model = []byte(src.Model)
+	}
+	if rank > 0 {
+		dst = append(dst, '#')
+		dst = strconv.AppendInt(dst, int64(rank), 10)
+	}
+	return dst, model
+}
+
+// pod returns the pod named name, creating it for model modelName.
+func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
+	ix.mu.RLock()
+	p := ix.pods[string(nameBytes)] // no allocation: the conversion is only a map key
+	ix.mu.RUnlock()
+	if p != nil {
+		return p, nil
+	}
+	name, modelName := string(nameBytes), string(modelBytes)
+	if modelName == "" {
+		modelName = ix.opts.DefaultModel
+	}
+	m, err := ix.model(modelName)
+	if err != nil {
+		return nil, err
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if p = ix.pods[name]; p == nil {
+		p = &pod{name: name, model: m}
+		ix.pods[name] = p
+		ix.log.Debug("new pod", "pod", name, "model", m.name)
+	}
+	return p, nil
+}
+
+// Apply applies one batch. The batch's topic names the pod and model; src
+// names them when the topic does not. The batch's seq is recorded, not
+// checked: callers order batches and handle gaps and restarts (see Reset).
+func (ix *Indexer) Apply(ctx context.Context, b *events.Batch, src Source) error {
+	var buf [128]byte
+	name, modelName := appendPodName(buf[:0], b.Topic, b.DPRank, src)
+	p, err := ix.pod(name, modelName)
+	if err != nil {
+		return err
+	}
+	if p.model.mode() == KeyModeAuto {
+		return ix.applyAuto(ctx, p, b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ix.applyLocked(ctx, p, p.model.mode(), b)
+}
+
+// applyLocked records the batch's seq and applies it. p.mu is held.
+func (ix *Indexer) applyLocked(ctx context.Context, p *pod, mode KeyMode, b *events.Batch) error {
+	p.seq, p.hasSeq = b.Seq, true
+	p.lastEvent = time.Now()
+	return ix.applyBatch(ctx, p, mode, b)
+}
+
+// applyBatch applies every event of b to pod p in key mode mode. p.mu is held.
+func (ix *Indexer) applyBatch(ctx context.Context, p *pod, mode KeyMode, b *events.Batch) error {
+	for i := range b.Events {
+		if err := ix.applyEvent(ctx, p, mode, &b.Events[i]); err != nil {
+			return fmt.Errorf("pod %s seq %d event %d: %w", p.name, b.Seq, i, err)
+		}
+	}
+	if b.Skipped > 0 {
+		ix.metrics.events.WithLabelValues(events.KindUnknown.String(), p.name).Add(float64(b.Skipped))
+	}
+	return nil
+}
+
+func (ix *Indexer) applyEvent(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
+	ix.metrics.events.WithLabelValues(e.Kind.String(), p.name).Inc()
+	switch e.Kind {
+	case events.KindBlockStored:
+		return ix.stored(ctx, p, mode, e)
+	case events.KindBlockRemoved:
+		return ix.removed(ctx, p, mode, e)
+	case events.KindAllBlocksCleared:
+		ix.metrics.clears.WithLabelValues("all_blocks_cleared").Inc()
+		return ix.clear(ctx, p)
+	default:
+		ix.drop(dropUnknownEvent, 1)
+		return nil
+	}
+}
+
+func (ix *Indexer) drop(reason string, n int) {
+	if n > 0 {
+		ix.metrics.dropped.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+func tierOf(m events.Medium) store.Tier {
+	switch m {
+	case events.MediumGPU:
+		return store.TierGPU
+	case events.MediumCPU, events.MediumCPUPinned:
+		return store.TierCPU
+	default:
+		return store.TierDisk
+	}
+}
+
+func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
+	m := p.model
+	tier := tierOf(e.Medium)
+	if len(e.LoRAName) > 0 {
+		ix.learnLoRA(e.LoRAName, m.name)
+	}
+	if len(e.TokenIDs) > 0 {
+		m.check(ix, p, e)
+	}
+	if mode == KeyModeEngine {
+		return ix.store.Add(ctx, p.name, tier, e.BlockHashes)
+	}
+	// Tokens mode.
+	if len(e.TokenIDs) == 0 {
+		// The blocks are known; this event adds a tier to them.
+		keys := p.buf[:0]
+		for _, h := range e.BlockHashes {
+			k, ok := p.keys[h]
+			if !ok {
+				ix.drop(dropUnknownHash, 1)
+				continue
+			}
+			k.tiers |= 1 << tier
+			p.keys[h] = k
+			keys = append(keys, k.key)
+		}
+		p.buf = keys
+		return ix.store.Add(ctx, p.name, tier, keys)
+	}
+	bs := m.opts.BlockSize
+	if e.BlockSize != 0 && e.BlockSize != bs {
+		ix.drop(dropBlockSize, len(e.BlockHashes))
+		return nil
+	}
+	n := len(e.BlockHashes)
+	if len(e.TokenIDs) != n*bs {
+		ix.drop(dropTokenCount, n)
+		return nil
+	}
+	var keys []uint64
+	if e.HasParent {
+		k, ok := p.keys[e.ParentHash]
+		if !ok {
+			ix.drop(dropUnknownParent, n)
+			return nil
+		}
+		keys, _ = rechain(m.own, p.buf[:0], k.key, e.TokenIDs)
+	} else {
+		keys = prompt(m.own, p.buf[:0], e.TokenIDs, m.prompt(e))
+	}
+	p.buf = keys
+	if p.keys == nil {
+		p.keys = make(map[uint64]ownKey)
+	}
+	for i, h := range e.BlockHashes {
+		k := p.keys[h]
+		k.key = keys[i]
+		k.tiers |= 1 << tier
+		p.keys[h] = k
+	}
+	return ix.store.Add(ctx, p.name, tier, keys)
+}
+
+func (ix *Indexer) removed(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
+	tier := tierOf(e.Medium)
+	keys := e.BlockHashes
+	unknown := 0
+	if mode == KeyModeTokens {
+		keys = p.buf[:0]
+		for _, h := range e.BlockHashes {
+			k, ok := p.keys[h]
+			if !ok || k.tiers&(1<<tier) == 0 {
+				unknown++
+				continue
+			}
+			keys = append(keys, k.key)
+			if k.tiers &^= 1 << tier; k.tiers == 0 {
+				delete(p.keys, h)
+			} else {
+				p.keys[h] = k
+			}
+		}
+		p.buf = keys
+	}
+	n, err := ix.store.Remove(ctx, p.name, tier, keys)
+	if err != nil {
+		return err
+	}
+	ix.drop(dropUnknownHash, unknown+len(keys)-n)
+	return nil
+}
+
+func (ix *Indexer) clear(ctx context.Context, p *pod) error {
+	p.keys = nil
+	return ix.store.ClearPod(ctx, p.name)
+}
+
+// Reset drops every block of a pod, as when its engine restarted (its seq
+// went backwards). The pod stays known.
+func (ix *Indexer) Reset(ctx context.Context, podName string) error {
+	ix.mu.RLock()
+	p := ix.pods[podName]
+	ix.mu.RUnlock()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hasSeq = false
+	ix.metrics.clears.WithLabelValues("reset").Inc()
+	return ix.clear(ctx, p)
+}
+
+// RemovePod forgets a pod that left the fleet, with all its blocks.
+func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
+	ix.mu.Lock()
+	p := ix.pods[podName]
+	delete(ix.pods, podName)
+	ix.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ix.metrics.clears.WithLabelValues("removed").Inc()
+	return ix.clear(ctx, p)
+}
+
+// SetStale marks a pod as stale (its events are known to be incomplete) or
+// consistent again.
+func (ix *Indexer) SetStale(podName string, stale bool) {
+	ix.mu.RLock()
+	p := ix.pods[podName]
+	ix.mu.RUnlock()
+	if p == nil {
+		return
+	}
+	p.stale.Store(stale)
+}
+
+// PodStatus describes one pod the indexer knows.
+type PodStatus struct {
+	Name      string
+	Model     string
+	Blocks    int
+	Seq       uint64
+	HasSeq    bool
+	LastEvent time.Time
+	Stale     bool
+}
+
+// Pods lists the known pods, sorted by name, with their block counts. Each
+// pod's seq is read before its block count, so the blocks reflect at least
+// the batches up to that seq.
+func (ix *Indexer) Pods(ctx context.Context) ([]PodStatus, error) {
+	ix.mu.RLock()
+	out := make([]PodStatus, 0, len(ix.pods))
+	for _, p := range ix.pods {
+		p.mu.Lock()
+		out = append(out, PodStatus{
+			Name: p.name, Model: p.model.name,
+			Seq: p.seq, HasSeq: p.hasSeq, LastEvent: p.lastEvent, Stale: p.stale.Load(),
+		})
+		p.mu.Unlock()
+	}
+	ix.mu.RUnlock()
+	infos, err := ix.store.Pods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	blocks := make(map[string]int, len(infos))
+	for _, in := range infos {
+		blocks[in.Name] = in.Blocks
+	}
+	for i := range out {
+		out[i].Blocks = blocks[out[i].Name]
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// LastSeq returns the seq of the last batch applied to a pod.
+func (ix *Indexer) LastSeq(podName string) (seq uint64, ok bool) {
+	ix.mu.RLock()
+	p := ix.pods[podName]
+	ix.mu.RUnlock()
+	if p == nil {
+		return 0, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq, p.hasSeq
+}
+
+// learnLoRA records that adapter name is served on top of base.
+func (ix *Indexer) learnLoRA(name []byte, base string) {
+	ix.mu.RLock()
+	_, ok := ix.loras[string(name)] // no allocation: map index by converted bytes
+	ix.mu.RUnlock()
+	if ok || len(name) == 0 || bytes.Equal(name, []byte(base)) {
+		return
+	}
+	ix.mu.Lock()
+	ix.loras[string(name)] = base
+	ix.mu.Unlock()
+}

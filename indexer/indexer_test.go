@@ -1,0 +1,289 @@
+package indexer
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer/blockhash"
+	"github.com/prefixd/prefixd/store"
+	"github.com/prefixd/prefixd/store/memory"
+)
+
+const testModel = "m"
+
+// fleet is a small synthetic fleet: an indexer and a hasher playing the engine.
+type fleet struct {
+	t      *testing.T
+	ix     *Indexer
+	st     *memory.Store
+	engine *blockhash.Hasher
+	seq    map[string]uint64
+}
+
+func newFleet(t *testing.T, mode KeyMode, engineSeed string) *fleet {
+	t.Helper()
+	st, err := memory.New(memory.Options{CapacityBlocks: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.Default = ModelOptions{HashScheme: "llmd", BlockSize: 4, KeyMode: mode}
+	opts.AutoDecideAfter = 2
+	ix, err := New(st, opts, NewMetrics(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := blockhash.New(blockhash.Config{Scheme: blockhash.LLMD, Seed: engineSeed, BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{t: t, ix: ix, st: st, engine: engine, seq: map[string]uint64{}}
+}
+
+func tokens(start, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(start + i)
+	}
+	return out
+}
+
+// hashes returns the engine's hashes of a whole prompt.
+func (f *fleet) hashes(toks []uint32, lora string) []uint64 {
+	h, err := f.engine.AppendPrompt(nil, toks, blockhash.Prompt{Model: testModel, LoRA: lora})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return h
+}
+
+func (f *fleet) send(pod string, rank int, evs ...events.Event) {
+	f.t.Helper()
+	key := pod + "/" + string(rune('0'+rank))
+	f.seq[key]++
+	b := &events.Batch{Topic: []byte("kv@" + pod + "@" + testModel), Seq: f.seq[key], DPRank: rank, Events: evs}
+	if err := f.ix.Apply(context.Background(), b, Source{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// stored returns the BlockStored event of blocks [from, to) of a prompt.
+func (f *fleet) stored(toks []uint32, from, to int, medium events.Medium) events.Event {
+	h := f.hashes(toks, "")
+	e := events.Event{Kind: events.KindBlockStored, BlockHashes: h[from:to], TokenIDs: toks[from*4 : to*4], BlockSize: 4, Medium: medium}
+	if from > 0 {
+		e.ParentHash, e.HasParent = h[from-1], true
+	}
+	return e
+}
+
+func (f *fleet) match(q Query) map[string]PodMatch {
+	f.t.Helper()
+	if q.Model == "" {
+		q.Model = testModel
+	}
+	res, err := f.ix.Match(context.Background(), &q)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string]PodMatch{}
+	for _, p := range res.Pods {
+		out[p.Pod] = p
+	}
+	return out
+}
+
+func TestAutoFallsBackToTokensOnWrongSeed(t *testing.T) {
+	f := newFleet(t, KeyModeAuto, "engine-seed") // prefixd is configured with seed ""
+	a, b := tokens(0, 16), tokens(100, 16)
+	f.send("10.0.0.1:8000", 0, f.stored(a, 0, 4, events.MediumGPU))
+	if got := f.ix.KeyMode(testModel); got != KeyModeAuto {
+		t.Fatalf("decided %v after one mismatch, want to wait for %d", got, 2)
+	}
+	f.send("10.0.0.2:8000", 0, f.stored(b, 0, 2, events.MediumGPU), f.stored(b, 2, 4, events.MediumGPU))
+	if got := f.ix.KeyMode(testModel); got != KeyModeTokens {
+		t.Fatalf("key mode %v, want tokens", got)
+	}
+	// The batches held while undecided were applied in tokens mode: a query
+	// by tokens finds them although prefixd cannot reproduce the engine's hashes.
+	got := f.match(Query{TokenIDs: a})
+	if got["10.0.0.1:8000"].Blocks != 4 || len(got) != 1 {
+		t.Fatalf("match a: %+v", got)
+	}
+	if got := f.match(Query{TokenIDs: b[:10]}); got["10.0.0.2:8000"].Blocks != 2 {
+		t.Fatalf("match b: %+v", got)
+	}
+}
+
+func TestMismatchesAreCountedAndExplained(t *testing.T) {
+	f := newFleet(t, KeyModeEngine, "other")
+	a := tokens(0, 16)
+	f.send("10.0.0.1:8000", 0, f.stored(a, 0, 2, events.MediumGPU))
+	f.send("10.0.0.1:8000", 0, f.stored(a, 2, 4, events.MediumGPU)) // continues: the block function is right
+	m := f.ix.metrics
+	if n := testutil.ToFloat64(m.mismatches.WithLabelValues(testModel, "root")); n != 1 {
+		t.Errorf("root mismatches %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(m.hashChecks.WithLabelValues(testModel, "match")); n != 1 {
+		t.Errorf("matches %v, want 1", n)
+	}
+	// Wrong block size.
+	e := f.stored(a, 0, 1, events.MediumGPU)
+	e.BlockSize = 8
+	f.send("10.0.0.1:8000", 0, e)
+	if n := testutil.ToFloat64(m.mismatches.WithLabelValues(testModel, "block_size")); n != 1 {
+		t.Errorf("block size mismatches %v, want 1", n)
+	}
+	// A prompt's first block listed after a parent: non-contiguous.
+	f = newFleet(t, KeyModeEngine, "")
+	nc := f.stored(a, 0, 1, events.MediumGPU)
+	nc.ParentHash, nc.HasParent = f.hashes(a, "")[3], true
+	f.send("10.0.0.1:8000", 0, nc)
+	if n := testutil.ToFloat64(f.ix.metrics.mismatches.WithLabelValues(testModel, "non_contiguous")); n != 1 {
+		t.Errorf("non-contiguous %v, want 1", n)
+	}
+	if explain("root") == "root" || explain("non_contiguous") == "non_contiguous" {
+		t.Error("reasons are not explained")
+	}
+}
+
+func TestUnknownParentAndUnknownRemoval(t *testing.T) {
+	a := tokens(0, 16)
+	for _, mode := range []KeyMode{KeyModeEngine, KeyModeTokens} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFleet(t, mode, "")
+			// prefixd missed blocks 0-1; blocks 2-3 come with a parent it never saw.
+			f.send("p:1", 0, f.stored(a, 2, 4, events.MediumGPU))
+			f.send("p:1", 0, events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{42, 43}})
+			m := f.ix.metrics
+			if n := testutil.ToFloat64(m.dropped.WithLabelValues(dropUnknownHash)); n != 2 {
+				t.Errorf("unknown removals %v, want 2", n)
+			}
+			counts := podCounts(t, f.st)
+			if mode == KeyModeEngine {
+				// Engine hashes are right whatever the parent: both indexed.
+				if counts["p:1"] != 2 {
+					t.Errorf("blocks %d, want 2", counts["p:1"])
+				}
+				return
+			}
+			if n := testutil.ToFloat64(m.dropped.WithLabelValues(dropUnknownParent)); n != 2 || counts["p:1"] != 0 {
+				t.Errorf("unknown parent drops %v, blocks %d: want 2 and 0", n, counts["p:1"])
+			}
+		})
+	}
+}
+
+func TestTiersRanksAndClears(t *testing.T) {
+	for _, mode := range []KeyMode{KeyModeEngine, KeyModeTokens} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFleet(t, mode, "")
+			a := tokens(0, 16)
+			h := f.hashes(a, "")
+			f.send("p:1", 0, f.stored(a, 0, 4, events.MediumGPU))
+			// Offload of blocks 2-3 to CPU (no tokens), then their GPU copies go.
+			f.send("p:1", 0,
+				events.Event{Kind: events.KindBlockStored, BlockHashes: h[2:4], Medium: events.MediumCPU, HasParent: true, ParentHash: h[1]},
+				events.Event{Kind: events.KindBlockRemoved, BlockHashes: h[2:4], Medium: events.MediumGPU})
+			// Rank 1 of p:1 holds blocks 0-1.
+			f.send("p:1", 1, f.stored(a, 0, 2, events.MediumGPU))
+
+			got := f.match(Query{TokenIDs: a})
+			p := got["p:1"]
+			if p.Blocks != 4 || p.TierBlocks[store.TierGPU] != 2 || p.TierBlocks[store.TierCPU] != 2 {
+				t.Fatalf("p:1 %+v, want 4 blocks, 2 GPU and 2 CPU", p)
+			}
+			if want := (2*1.0 + 2*0.8) / 4; p.Score != want {
+				t.Errorf("score %v, want %v", p.Score, want)
+			}
+			if r := got["p:1#1"]; r.Blocks != 2 {
+				t.Errorf("rank 1: %+v", r)
+			}
+			// A candidate without a rank selects its ranks too; others are left out.
+			sel := f.match(Query{TokenIDs: a, Pods: []string{"p:1"}})
+			if len(sel) != 2 {
+				t.Errorf("candidates p:1: %+v", sel)
+			}
+			if sel := f.match(Query{TokenIDs: a, Pods: []string{"p:9"}}); len(sel) != 0 {
+				t.Errorf("candidate p:9: %+v", sel)
+			}
+			// AllBlocksCleared clears one holder only.
+			f.send("p:1", 1, events.Event{Kind: events.KindAllBlocksCleared})
+			if got := f.match(Query{TokenIDs: a}); len(got) != 1 || got["p:1"].Blocks != 4 {
+				t.Errorf("after clear: %+v", got)
+			}
+			if err := f.ix.RemovePod(context.Background(), "p:1"); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.match(Query{TokenIDs: a}); len(got) != 0 {
+				t.Errorf("after removing the pod: %+v", got)
+			}
+		})
+	}
+}
+
+func TestLoRAAdapterRoot(t *testing.T) {
+	for _, mode := range []KeyMode{KeyModeEngine, KeyModeTokens} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFleet(t, mode, "")
+			a := tokens(0, 8)
+			h := f.hashes(a, "sql-lora")
+			f.send("p:1", 0, events.Event{Kind: events.KindBlockStored, BlockHashes: h, TokenIDs: a, BlockSize: 4, LoRAName: []byte("sql-lora")})
+			if got := f.match(Query{Model: "sql-lora", TokenIDs: a}); got["p:1"].Blocks != 2 {
+				t.Errorf("query by adapter name: %+v", got)
+			}
+			if got := f.match(Query{TokenIDs: a}); len(got) != 0 {
+				t.Errorf("query by base model matched adapter blocks: %+v", got)
+			}
+		})
+	}
+}
+
+func TestQueryErrors(t *testing.T) {
+	f := newFleet(t, KeyModeEngine, "")
+	f.send("p:1", 0, f.stored(tokens(0, 8), 0, 2, events.MediumGPU))
+	ctx := context.Background()
+	if _, err := f.ix.Match(ctx, &Query{Model: "nope", TokenIDs: tokens(0, 8)}); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("unknown model: %v", err)
+	}
+	if _, err := f.ix.Match(ctx, &Query{Model: testModel}); !errors.Is(err, ErrEmptyQuery) {
+		t.Errorf("empty query: %v", err)
+	}
+	if _, err := f.ix.Match(ctx, &Query{Model: testModel, TokenIDs: tokens(0, 4), BlockHashes: []uint64{1}}); err == nil {
+		t.Error("tokens and hashes together: no error")
+	}
+	// A prompt shorter than a block has no blocks and matches nothing.
+	res, err := f.ix.Match(ctx, &Query{Model: testModel, TokenIDs: tokens(0, 3)})
+	if err != nil || res.TotalBlocks != 0 || len(res.Pods) != 0 {
+		t.Errorf("short prompt: %+v, %v", res, err)
+	}
+	// Block hashes are used as they are.
+	h := f.hashes(tokens(0, 8), "")
+	res, err = f.ix.Match(ctx, &Query{Model: testModel, BlockHashes: h})
+	if err != nil || len(res.Pods) != 1 || res.Pods[0].Blocks != 2 {
+		t.Errorf("by hashes: %+v, %v", res, err)
+	}
+}
+
+func TestResetAndStale(t *testing.T) {
+	f := newFleet(t, KeyModeEngine, "")
+	a := tokens(0, 8)
+	f.send("p:1", 0, f.stored(a, 0, 2, events.MediumGPU))
+	f.ix.SetStale("p:1", true)
+	if got := f.match(Query{TokenIDs: a}); !got["p:1"].Stale {
+		t.Errorf("stale pod not flagged: %+v", got)
+	}
+	if err := f.ix.Reset(context.Background(), "p:1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.match(Query{TokenIDs: a}); len(got) != 0 {
+		t.Errorf("after reset: %+v", got)
+	}
+	if _, ok := f.ix.LastSeq("p:1"); ok {
+		t.Error("reset kept the seq")
+	}
+}

@@ -1,0 +1,195 @@
+package indexer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/prefixd/prefixd/indexer/blockhash"
+	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/store"
+)
+
+// Query asks which pods hold how much of a prompt. Exactly one of TokenIDs,
+// BlockHashes or the text fields (Prompt, Messages) is given.
+type Query struct {
+	// Model is the served model name, or a LoRA adapter's name.
+	Model string
+	// LoRA names an adapter explicitly; empty when Model is one or none is used.
+	LoRA string
+	// CacheSalt is the request's cache_salt, hashed into the first block.
+	CacheSalt string
+
+	TokenIDs []uint32
+	// BlockHashes are precomputed index keys, used as they are.
+	BlockHashes []uint64
+	// Prompt is completion text, Messages a chat; both are tokenized with
+	// the sim's tokenizer.
+	Prompt   string
+	Messages []tokenize.Message
+
+	// Pods restricts the answer to these pods; a name without "#rank" also
+	// selects that pod's data-parallel ranks. Empty means all pods.
+	Pods []string
+}
+
+// Result answers a Query.
+type Result struct {
+	Model string
+	// BlockSize is the model's tokens per block; Tokens is the query's token
+	// count (0 for block hash queries).
+	BlockSize   int
+	Tokens      int
+	TotalBlocks int
+	// Pods holds every pod with at least one matched block, best first.
+	Pods []PodMatch
+}
+
+// PodMatch is one pod's share of a query.
+type PodMatch struct {
+	Pod    string
+	Blocks int
+	Tokens int
+	// TierBlocks[t] counts matched blocks whose fastest tier on the pod is t.
+	TierBlocks [store.NumTiers]int
+	// Score is the tier-weighted share of the query's blocks, 0..1.
+	Score float64
+	Stale bool
+}
+
+// Errors returned by Match.
+var (
+	ErrUnknownModel = errors.New("unknown model")
+	ErrEmptyQuery   = errors.New("empty query")
+)
+
+// Match answers q.
+func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
+	m, lora, err := ix.resolve(q)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Model: m.name, BlockSize: m.opts.BlockSize}
+	keys := q.BlockHashes
+	switch {
+	case len(q.BlockHashes) > 0:
+		if len(q.TokenIDs) > 0 || q.Prompt != "" || len(q.Messages) > 0 {
+			return nil, errors.New("query gives both block hashes and a prompt: give one")
+		}
+		if m.mode() == KeyModeTokens {
+			return nil, fmt.Errorf("model %q is keyed by token chains (key mode tokens): query by tokens or text, not engine block hashes", m.name)
+		}
+	default:
+		tokens := q.TokenIDs
+		if q.Prompt != "" || len(q.Messages) > 0 {
+			if len(tokens) > 0 {
+				return nil, errors.New("query gives both token ids and text: give one")
+			}
+			tokens = tokenizeQuery(q)
+		}
+		if len(tokens) == 0 {
+			return nil, fmt.Errorf("%w: no token ids, block hashes, prompt or messages", ErrEmptyQuery)
+		}
+		res.Tokens = len(tokens)
+		h := m.engine
+		if m.mode() == KeyModeTokens {
+			h = m.own
+		}
+		keys = prompt(h, nil, tokens, blockhash.Prompt{Model: m.name, LoRA: lora, CacheSalt: q.CacheSalt})
+	}
+	res.TotalBlocks = len(keys)
+	if len(keys) == 0 {
+		return res, nil
+	}
+	matches, err := ix.store.Lookup(ctx, keys, ix.candidates(q.Pods), nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Pods = make([]PodMatch, 0, len(matches))
+	for _, mt := range matches {
+		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks}
+		w := 0.0
+		for t, n := range mt.TierBlocks {
+			w += float64(n) * ix.opts.TierWeights[t]
+		}
+		pm.Score = w / float64(len(keys))
+		pm.Stale = ix.stale(mt.Pod)
+		res.Pods = append(res.Pods, pm)
+	}
+	sort.Slice(res.Pods, func(i, j int) bool {
+		a, b := res.Pods[i], res.Pods[j]
+		if a.Score != b.Score {
+			return a.Score > b.Score
+		}
+		return a.Pod < b.Pod
+	})
+	return res, nil
+}
+
+// resolve finds the model a query names and the LoRA adapter it targets.
+func (ix *Indexer) resolve(q *Query) (m *model, lora string, err error) {
+	name := q.Model
+	ix.mu.RLock()
+	base, isLoRA := ix.loras[name]
+	_, known := ix.models[name]
+	names := make([]string, 0, len(ix.models))
+	if !known && !isLoRA {
+		for n := range ix.models {
+			names = append(names, n)
+		}
+	}
+	ix.mu.RUnlock()
+	switch {
+	case isLoRA:
+		name, lora = base, q.Model
+	case !known:
+		sort.Strings(names)
+		return nil, "", fmt.Errorf("%w %q: known models are %s", ErrUnknownModel, q.Model, strings.Join(names, ", "))
+	}
+	if q.LoRA != "" {
+		lora = q.LoRA
+	}
+	m, err = ix.model(name)
+	return m, lora, err
+}
+
+// candidates expands pod names to include their data-parallel ranks.
+func (ix *Indexer) candidates(pods []string) []string {
+	if len(pods) == 0 {
+		return nil
+	}
+	out := append([]string(nil), pods...)
+	ix.mu.RLock()
+	for name := range ix.pods {
+		if i := strings.LastIndexByte(name, '#'); i > 0 {
+			for _, c := range pods {
+				if c == name[:i] {
+					out = append(out, name)
+				}
+			}
+		}
+	}
+	ix.mu.RUnlock()
+	return out
+}
+
+func (ix *Indexer) stale(name string) bool {
+	ix.mu.RLock()
+	p := ix.pods[name]
+	ix.mu.RUnlock()
+	if p == nil {
+		return false
+	}
+	return p.stale.Load()
+}
+
+// tokenizeQuery tokenizes a query's text with the sim's tokenizer.
+func tokenizeQuery(q *Query) []uint32 {
+	if len(q.Messages) > 0 {
+		var t tokenize.Tokenizer
+		return t.AppendChat(nil, q.Messages)
+	}
+	return tokenize.AppendIDs(nil, q.Prompt)
+}

@@ -1,0 +1,56 @@
+package indexer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Drop reasons: why blocks of an event were not applied.
+const (
+	dropUnknownParent = "unknown_parent" // tokens mode: parent's key unknown, chain cannot continue
+	dropUnknownHash   = "unknown_hash"   // removal or tier change of a block the pod does not hold
+	dropBlockSize     = "block_size"     // event block size differs from the model's
+	dropTokenCount    = "token_count"    // token_ids do not cover the listed blocks
+	dropUnknownEvent  = "unknown_event"  // event type prefixd does not know
+)
+
+// Metrics are the indexer's Prometheus metrics.
+type Metrics struct {
+	events     *prometheus.CounterVec // by type, pod
+	dropped    *prometheus.CounterVec // blocks, by reason
+	hashChecks *prometheus.CounterVec // by model, result
+	mismatches *prometheus.CounterVec // by model, reason
+	keyMode    *prometheus.GaugeVec   // by model, mode
+	clears     *prometheus.CounterVec // by pod, reason
+}
+
+// NewMetrics builds the metrics and registers them with reg, which may be nil.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_events_total",
+			Help: "KV cache events applied, by type and pod.",
+		}, []string{"type", "pod"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_blocks_dropped_total",
+			Help: "Blocks of events that could not be applied, by reason.",
+		}, []string{"reason"}),
+		hashChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_hash_checks_total",
+			Help: "BlockStored events re-chained from parent and tokens and compared with the engine's hashes, by model and result (match, mismatch).",
+		}, []string{"model", "result"}),
+		mismatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_hash_mismatches_total",
+			Help: "BlockStored events whose engine hashes prefixd could not reproduce, by model and likely reason.",
+		}, []string{"model", "reason"}),
+		keyMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prefixd_key_mode",
+			Help: "1 for the key mode each model uses (engine, tokens, or auto while undecided).",
+		}, []string{"model", "mode"}),
+		clears: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_pod_clears_total",
+			Help: "Times every block of a pod was dropped, by reason (all_blocks_cleared, reset, removed).",
+		}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears)
+	}
+	return m
+}

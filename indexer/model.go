@@ -1,0 +1,271 @@
+package indexer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer/blockhash"
+)
+
+// model holds what the indexer knows of one served model: how to hash it,
+// and which key mode it uses.
+type model struct {
+	name string
+	opts ModelOptions
+	// engine is the configured scheme, meant to reproduce the engine's hashes;
+	// own is prefixd's own chain, used in tokens mode.
+	engine *blockhash.Hasher
+	own    *blockhash.Hasher
+
+	decided atomic.Uint32 // KeyMode once decided; KeyModeAuto before
+
+	mu      sync.Mutex // protects the fields below while undecided
+	pending []pendingBatch
+	// Events without a parent prove the whole chain (seed, model root, block
+	// function); events with one prove only the block function.
+	rootMatches, rootMismatches, chainMatches int
+	lastReason                                string
+
+	warnedRoot atomic.Bool // a root mismatch was logged at warning level
+}
+
+type pendingBatch struct {
+	pod   *pod
+	batch *events.Batch
+}
+
+func (ix *Indexer) model(name string) (*model, error) {
+	ix.mu.RLock()
+	m := ix.models[name]
+	ix.mu.RUnlock()
+	if m != nil {
+		return m, nil
+	}
+	opts := ix.opts.model(name)
+	engine, own, err := newHashers(opts)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: %w", name, err)
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if m = ix.models[name]; m != nil {
+		return m, nil
+	}
+	m = &model{name: name, opts: opts, engine: engine, own: own}
+	m.decided.Store(uint32(opts.KeyMode))
+	ix.models[name] = m
+	ix.metrics.keyMode.WithLabelValues(name, opts.KeyMode.String()).Set(1)
+	return m, nil
+}
+
+func (m *model) mode() KeyMode { return KeyMode(m.decided.Load()) }
+
+// prompt describes an event's prompt for hashing: the model and the
+// adapter the event names.
+func (m *model) prompt(e *events.Event) blockhash.Prompt {
+	return blockhash.Prompt{Model: m.name, LoRA: string(e.LoRAName)}
+}
+
+// verdict is what re-chaining one BlockStored event showed.
+type verdict uint8
+
+const (
+	verdictUnverifiable verdict = iota
+	verdictMatch
+	verdictMismatch
+)
+
+// verify re-chains a BlockStored event with the engine scheme and compares
+// it with the published hashes. reason explains a mismatch.
+func (m *model) verify(p *pod, e *events.Event) (v verdict, reason string) {
+	n := len(e.BlockHashes)
+	bs := m.opts.BlockSize
+	if n == 0 || len(e.TokenIDs) == 0 {
+		return verdictUnverifiable, ""
+	}
+	if e.BlockSize != 0 && e.BlockSize != bs {
+		return verdictMismatch, "block_size"
+	}
+	if len(e.TokenIDs) != n*bs {
+		return verdictMismatch, "token_count"
+	}
+	var got []uint64
+	if e.HasParent {
+		var ok bool
+		got, ok = rechain(m.engine, p.buf[:0], e.ParentHash, e.TokenIDs)
+		if !ok {
+			return verdictUnverifiable, ""
+		}
+	} else {
+		got = prompt(m.engine, p.buf[:0], e.TokenIDs, m.prompt(e))
+	}
+	p.buf = got
+	if equal(got, e.BlockHashes) {
+		return verdictMatch, ""
+	}
+	if !e.HasParent {
+		return verdictMismatch, "root"
+	}
+	// A parent before a prompt's first block: the engine listed blocks that
+	// do not continue their parent (llm-d-inference-sim does this when it
+	// re-stores evicted blocks from the middle of a prompt).
+	first := prompt(m.engine, p.buf[:0], e.TokenIDs[:bs], m.prompt(e))
+	p.buf = first
+	if len(first) == 1 && first[0] == e.BlockHashes[0] {
+		return verdictMismatch, "non_contiguous"
+	}
+	return verdictMismatch, "chain"
+}
+
+// explain says what a mismatch reason means.
+func explain(reason string) string {
+	switch reason {
+	case "root":
+		return "a prompt's first blocks differ: the hash seed, the served model name or the LoRA adapter name differs from the engine's"
+	case "block_size":
+		return "the event's block size differs from the configured one"
+	case "token_count":
+		return "token_ids do not hold block_size tokens per listed block"
+	case "non_contiguous":
+		return "the event lists a prompt's first block after a parent: its blocks do not continue the parent (llm-d-inference-sim re-stores evicted middle blocks this way)"
+	case "chain":
+		return "the blocks do not continue the parent: a non-contiguous event, or events were missed"
+	}
+	return reason
+}
+
+func equal(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// check verifies a BlockStored event and counts the result.
+func (m *model) check(ix *Indexer, p *pod, e *events.Event) verdict {
+	v, reason := m.verify(p, e)
+	switch v {
+	case verdictMatch:
+		ix.metrics.hashChecks.WithLabelValues(m.name, "match").Inc()
+	case verdictMismatch:
+		ix.metrics.hashChecks.WithLabelValues(m.name, "mismatch").Inc()
+		ix.metrics.mismatches.WithLabelValues(m.name, reason).Inc()
+		if reason == "root" || reason == "block_size" {
+			if !m.warnedRoot.Swap(true) {
+				ix.log.Warn("engine hashes not reproduced: queries will not match this model's blocks", "model", m.name, "pod", p.name, "reason", explain(reason))
+			}
+		} else if ix.log.Enabled(context.Background(), slog.LevelDebug) {
+			ix.log.Debug("engine hashes not reproduced", "model", m.name, "pod", p.name, "reason", explain(reason))
+		}
+	}
+	return v
+}
+
+// applyAuto applies a batch of a model whose key mode is undecided: it
+// decides from the batch's BlockStored events when it can, and otherwise
+// holds the batch until it can. Locks are taken model first, then pod.
+func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) error {
+	m := p.model
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mode := m.mode(); mode != KeyModeAuto {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return ix.applyLocked(ctx, p, mode, b)
+	}
+	p.mu.Lock()
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Kind != events.KindBlockStored {
+			continue
+		}
+		v, reason := m.verify(p, e)
+		switch {
+		case v == verdictMatch && !e.HasParent:
+			m.rootMatches++
+		case v == verdictMatch:
+			m.chainMatches++
+		case v == verdictMismatch && (reason == "root" || reason == "block_size"):
+			m.rootMismatches++
+			m.lastReason = reason
+		}
+	}
+	p.mu.Unlock()
+	var (
+		mode KeyMode
+		why  string
+	)
+	switch {
+	case m.rootMatches > 0:
+		mode = KeyModeEngine
+		why = m.opts.HashScheme + " reproduces the engine's block hashes from the model's root"
+	case m.rootMismatches >= ix.opts.AutoDecideAfter:
+		mode = KeyModeTokens
+		why = fmt.Sprintf("%d BlockStored events did not re-chain with %s (%s): queries hashed this way would never match; check the hash scheme, seed, block size and served model name", m.rootMismatches, m.opts.HashScheme, explain(m.lastReason))
+	case len(m.pending) >= ix.opts.AutoPendingBatches && m.chainMatches > 0:
+		mode = KeyModeEngine
+		why = fmt.Sprintf("no event without a parent came in %d batches, but %d events re-chained from their parents: the block function is right, the root (seed, model name) is unverified", len(m.pending), m.chainMatches)
+	case len(m.pending) >= ix.opts.AutoPendingBatches:
+		mode = KeyModeTokens
+		why = fmt.Sprintf("no BlockStored event could be verified in %d batches", len(m.pending))
+	default:
+		p.mu.Lock()
+		p.seq, p.hasSeq = b.Seq, true
+		p.lastEvent = time.Now()
+		p.mu.Unlock()
+		m.pending = append(m.pending, pendingBatch{pod: p, batch: cloneBatch(b)})
+		return nil
+	}
+	// Apply what was held, then this batch, and only then publish the mode:
+	// until then other pods' applies wait on m.mu, so each pod's order holds.
+	pending := m.pending
+	m.pending = nil
+	for _, pb := range append(pending, pendingBatch{pod: p, batch: b}) {
+		pb.pod.mu.Lock()
+		err := ix.applyLocked(ctx, pb.pod, mode, pb.batch)
+		pb.pod.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	m.decided.Store(uint32(mode))
+	ix.metrics.keyMode.WithLabelValues(m.name, KeyModeAuto.String()).Set(0)
+	ix.metrics.keyMode.WithLabelValues(m.name, mode.String()).Set(1)
+	ix.log.Info("key mode chosen", "model", m.name, "mode", mode.String(), "why", why)
+	return nil
+}
+
+// KeyMode returns the key mode a model uses now (auto while undecided).
+func (ix *Indexer) KeyMode(modelName string) KeyMode {
+	ix.mu.RLock()
+	m := ix.models[modelName]
+	ix.mu.RUnlock()
+	if m == nil {
+		return ix.opts.model(modelName).KeyMode
+	}
+	return m.mode()
+}
+
+func cloneBatch(b *events.Batch) *events.Batch {
+	c := *b
+	c.Topic = append([]byte(nil), b.Topic...)
+	c.Events = make([]events.Event, len(b.Events))
+	for i, e := range b.Events {
+		e.BlockHashes = append([]uint64(nil), e.BlockHashes...)
+		e.TokenIDs = append([]uint32(nil), e.TokenIDs...)
+		e.LoRAName = append([]byte(nil), e.LoRAName...)
+		e.ExtraKeys = append([]byte(nil), e.ExtraKeys...)
+		c.Events[i] = e
+	}
+	return &c
+}
