@@ -1,0 +1,55 @@
+// Package ingest is the live path from a transport.Subscriber's queue into
+// an indexer.Indexer: it decodes each message, tracks every pod's sequence
+// numbers, repairs gaps from the publisher's replay endpoint, and applies
+// each pod's batches in publish order, pods in parallel.
+//
+// # Basics
+//
+//	p, err := ingest.New(ix, sub, ingest.Options{Sources: srcs}, ingest.NewMetrics(reg))
+//	go sub.Run(ctx)
+//	err = p.Run(ctx, sub.Messages()) // until the queue closes, ctx ends or Close
+//
+// Run hands each message to one of a fixed set of workers, chosen by the
+// pod the message's topic names (kv@<pod>@<model>) or, for topics that name
+// none, by the message's source and peer. A pod is therefore always served
+// by the same worker, which decodes, checks the sequence number and
+// applies, so one pod's batches are applied in order by one goroutine while
+// different pods proceed in parallel. Worker queues are bounded: when one
+// is full Run waits, the subscriber's queue fills, and the subscriber drops
+// and counts (prefixd_ingest_dropped_total) and flags the next message of
+// that connection with Resync.
+//
+// Per pod (indexer.PodName), with last the seq last applied:
+//   - the first batch is applied whatever its seq;
+//   - seq == last+1 is applied;
+//   - seq <= last means the engine restarted (its seq went backwards): the
+//     pod is Reset, then the batch applied (prefixd_resets_total);
+//   - seq > last+1 is a gap (prefixd_gaps_total): when a replay endpoint is
+//     known for the pod, the batches in between are requested from it and
+//     applied in order, then the current one (prefixd_replays_total with
+//     result ok, incomplete or error); without one (result unavailable),
+//     or when the replay fails or comes back incomplete, the current batch
+//     is applied anyway and the pod marked stale. A later replay that
+//     fills its gap completely, or a reset, clears the mark.
+//   - A message with Resync set (the subscriber dropped messages of its
+//     connection before it) is handled as a gap even when its seq is
+//     contiguous: what was dropped may have hidden a restart.
+//
+// Messages that do not decode are counted in
+// prefixd_decode_errors_total{source} and skipped.
+//
+// # Caveats
+//
+//   - A replay runs on the worker of the pod that needs it, so the other
+//     pods of that worker wait for it (at most Options.ReplayTimeout).
+//   - A replay endpoint that serves several pods (one publisher, several
+//     topics) is fine when replies carry topics: replies of other pods are
+//     ignored. Replies without a topic (vLLM <= 0.25) are taken to be the
+//     pod's own.
+//   - Pods without a kv@ topic are named by the configured Source name, or
+//     by the connect endpoint, or for publishers that connected to a bound
+//     address by their peer address, which changes when they reconnect.
+//   - When Run ends because its context was cancelled, queued messages are
+//     discarded; when the input closes or Close is called, they are applied
+//     first.
+package ingest

@@ -1,0 +1,67 @@
+package ingest
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Replay results of prefixd_replays_total.
+const (
+	// ReplayOK: the replay delivered every missing batch.
+	ReplayOK = "ok"
+	// ReplayIncomplete: the replay ended normally but lacked some of the
+	// missing batches (the publisher's buffer no longer held them).
+	ReplayIncomplete = "incomplete"
+	// ReplayError: the replay request failed.
+	ReplayError = "error"
+	// ReplayUnavailable: no replay endpoint is known for the pod.
+	ReplayUnavailable = "unavailable"
+)
+
+// Metrics are the pipeline's Prometheus metrics.
+type Metrics struct {
+	decodeErrors *prometheus.CounterVec // source
+	resets       *prometheus.CounterVec // pod
+	gaps         *prometheus.CounterVec // pod
+	replays      *prometheus.CounterVec // pod, result
+	applyErrors  *prometheus.CounterVec // pod
+	batches      prometheus.Counter
+	lag          prometheus.Histogram
+}
+
+// NewMetrics builds the metrics and registers them with reg, which may be
+// nil (tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decodeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_decode_errors_total",
+			Help: "Messages dropped because they did not decode as KV event batches, by source.",
+		}, []string{"source"}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_resets_total",
+			Help: "Pods reset because their seq went backwards (the engine restarted), by pod.",
+		}, []string{"pod"}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_gaps_total",
+			Help: "Seq gaps (and subscriber resyncs) seen, by pod.",
+		}, []string{"pod"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_replays_total",
+			Help: "Gap repairs, by pod and result (ok, incomplete, error, unavailable).",
+		}, []string{"pod", "result"}),
+		applyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_apply_errors_total",
+			Help: "Batches the indexer failed to apply, by pod.",
+		}, []string{"pod"}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixd_batches_applied_total",
+			Help: "Batches applied to the index, live and replayed.",
+		}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prefixd_apply_lag_seconds",
+			Help:    "Time from a batch's publisher timestamp to its application.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.batches, m.lag)
+	}
+	return m
+}
