@@ -355,6 +355,11 @@ func (ix *Indexer) SetStale(podName string, stale bool) {
 		return
 	}
 	p.stale.Store(stale)
+	v := 0.0
+	if stale {
+		v = 1
+	}
+	ix.metrics.stale.WithLabelValues(podName).Set(v)
 }
 
 // PodStatus describes one pod the indexer knows.

@@ -277,6 +277,9 @@ func TestResetAndStale(t *testing.T) {
 	if got := f.match(Query{TokenIDs: a}); !got["p:1"].Stale {
 		t.Errorf("stale pod not flagged: %+v", got)
 	}
+	if v := testutil.ToFloat64(f.ix.metrics.stale.WithLabelValues("p:1")); v != 1 {
+		t.Errorf("prefixd_pod_stale %v, want 1", v)
+	}
 	if err := f.ix.Reset(context.Background(), "p:1"); err != nil {
 		t.Fatal(err)
 	}

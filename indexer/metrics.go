@@ -18,7 +18,8 @@ type Metrics struct {
 	hashChecks *prometheus.CounterVec // by model, result
 	mismatches *prometheus.CounterVec // by model, reason
 	keyMode    *prometheus.GaugeVec   // by model, mode
-	clears     *prometheus.CounterVec // by pod, reason
+	clears     *prometheus.CounterVec // by reason
+	stale      *prometheus.GaugeVec   // by pod
 }
 
 // NewMetrics builds the metrics and registers them with reg, which may be nil.
@@ -48,9 +49,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prefixd_pod_clears_total",
 			Help: "Times every block of a pod was dropped, by reason (all_blocks_cleared, reset, removed).",
 		}, []string{"reason"}),
+		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prefixd_pod_stale",
+			Help: "1 while a pod's events are known to be incomplete (a gap replay could not fill), 0 once consistent.",
+		}, []string{"pod"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears)
+		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears, m.stale)
 	}
 	return m
 }

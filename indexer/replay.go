@@ -62,7 +62,7 @@ func (rec *Recorded) read(path, defaultModel string, bySeq map[string]map[uint64
 	if err != nil {
 		return err
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }() // read-only: nothing to lose
 	for m, err := range r.All() {
 		if errors.Is(err, recording.ErrTornTail) {
 			rec.TornTails = append(rec.TornTails, path)

@@ -42,13 +42,28 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		fmt.Fprintln(fs.Output(), envErr)
 		return errUsage
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	// Flags may come before, between and after positional arguments, as
+	// in "prefixd replay a.jsonl b.jsonl --query q.jsonl"; "--" ends flags.
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return errUsage
 		}
-		return errUsage
+		rest := fs.Args()
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			positional = append(positional, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
 	}
-	return nil
+	return fs.Parse(append([]string{"--"}, positional...))
 }
 
 // usageErrorf reports a usage error on the flag set's output.

@@ -1,11 +1,117 @@
 package main
 
 import (
+	"bufio"
 	"context"
-	"errors"
+	"encoding/json"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/prefixd/prefixd/indexer/tokenize"
 )
 
-func runHash(_ context.Context, _ []string, _, _ io.Writer) error {
-	return errors.New("hash: not built yet")
+// runHash prints the block hashes of one prompt: a chat request, a
+// completion prompt or token ids.
+func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("hash", "(--chat FILE | --prompt TEXT | --tokens 1,2,3)", stderr)
+	var hf hashFlags
+	hf.register(fs)
+	chat := fs.String("chat", "", "file holding an OpenAI chat request body or a bare messages array,\ntokenized with the sim's tokenizer")
+	prompt := fs.String("prompt", "", "completion prompt text, tokenized with the sim's tokenizer")
+	tokens := fs.String("tokens", "", "token ids, comma-separated")
+	asJSON := fs.Bool("json", false, `print one JSON object {"token_count": N, "token_ids": [...], "block_hashes": [...]}`)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf(fs, "unexpected arguments %q", fs.Args())
+	}
+	inputs, input := 0, ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "chat" || f.Name == "prompt" || f.Name == "tokens" {
+			inputs++
+			input = f.Name
+		}
+	})
+	if inputs != 1 {
+		return usageErrorf(fs, "give exactly one of --chat, --prompt and --tokens")
+	}
+	h, err := hf.hasher(fs)
+	if err != nil {
+		return err
+	}
+
+	var ids []uint32
+	var model string
+	switch input {
+	case "chat":
+		data, err := os.ReadFile(*chat)
+		if err != nil {
+			return fmt.Errorf("--chat: %w", err)
+		}
+		req, err := tokenize.ParseChat(data)
+		if err != nil {
+			return fmt.Errorf("--chat %s: %w", *chat, err)
+		}
+		model = req.Model
+		var tk tokenize.Tokenizer
+		ids = tk.AppendChat(nil, req.Messages)
+	case "tokens":
+		if ids, err = parseTokenIDs(*tokens); err != nil {
+			return usageErrorf(fs, "--tokens: %v", err)
+		}
+	default:
+		ids = tokenize.AppendIDs(nil, *prompt)
+	}
+	p, err := hf.prompt(fs, model)
+	if err != nil {
+		return err
+	}
+	keys, err := h.AppendPrompt(make([]uint64, 0, len(ids)/h.BlockSize()), ids, p)
+	if err != nil {
+		return err
+	}
+
+	w := bufio.NewWriter(stdout)
+	if *asJSON {
+		out := struct {
+			TokenCount  int      `json:"token_count"`
+			TokenIDs    []uint32 `json:"token_ids"`
+			BlockHashes []uint64 `json:"block_hashes"`
+		}{len(ids), ids, keys}
+		if out.TokenIDs == nil {
+			out.TokenIDs = []uint32{}
+		}
+		if err := json.NewEncoder(w).Encode(out); err != nil {
+			return err
+		}
+	} else {
+		var line []byte
+		for _, k := range keys {
+			line = strconv.AppendUint(line[:0], k, 10)
+			line = append(line, '\n')
+			if _, err := w.Write(line); err != nil {
+				return err
+			}
+		}
+	}
+	return w.Flush()
+}
+
+// parseTokenIDs parses comma-separated uint32 token ids.
+func parseTokenIDs(s string) ([]uint32, error) {
+	parts := strings.Split(s, ",")
+	ids := make([]uint32, 0, len(parts))
+	for i, p := range parts {
+		v, err := strconv.ParseUint(strings.TrimSpace(p), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("token %d %q: want an integer in 0..4294967295", i, strings.TrimSpace(p))
+		}
+		ids = append(ids, uint32(v))
+	}
+	return ids, nil
 }

@@ -71,7 +71,7 @@ func BenchmarkFNV64aFloor(b *testing.B) {
 	b.ReportAllocs()
 	var sink uint64
 	for b.Loop() {
-		h := uint64(fnvOffset64)
+		h := fnvOffset64
 		for _, w := range words {
 			h = fnvWord(h, w)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"log/slog"
+	"maps"
 	"sync"
 
 	"github.com/prefixd/prefixd/events"
@@ -41,6 +42,9 @@ type Pipeline struct {
 
 	mu      sync.Mutex // protects started
 	started bool
+
+	srcMu   sync.RWMutex // protects sources
+	sources map[string]Source
 }
 
 // New returns a Pipeline that applies to ix and repairs gaps with rp, which
@@ -65,6 +69,8 @@ func New(ix *indexer.Indexer, rp Replayer, opts Options, m *Metrics) (*Pipeline,
 		seed: maphash.MakeSeed(),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
+
+		sources: maps.Collect(maps.All(opts.Sources)), // never nil, unlike a clone of nil
 	}, nil
 }
 
@@ -161,7 +167,10 @@ func (p *Pipeline) route(m *transport.Message) int {
 
 // source names the pod and model of a message whose topic names none.
 func (p *Pipeline) source(m *transport.Message) indexer.Source {
-	if s, ok := p.opts.Sources[m.Source]; ok {
+	p.srcMu.RLock()
+	s, ok := p.sources[m.Source]
+	p.srcMu.RUnlock()
+	if ok {
 		src := indexer.Source{Pod: s.Name, Model: s.Model}
 		if src.Pod == "" {
 			src.Pod = m.Source
@@ -178,9 +187,27 @@ func (p *Pipeline) source(m *transport.Message) indexer.Source {
 	return src
 }
 
+// SetSource sets the settings of messages from source (an endpoint
+// connected to), as Options.Sources does, while the pipeline runs.
+func (p *Pipeline) SetSource(source string, s Source) {
+	p.srcMu.Lock()
+	p.sources[source] = s
+	p.srcMu.Unlock()
+}
+
+// RemoveSource forgets the settings of source.
+func (p *Pipeline) RemoveSource(source string) {
+	p.srcMu.Lock()
+	delete(p.sources, source)
+	p.srcMu.Unlock()
+}
+
 // replayEndpoint returns the replay endpoint of a pod, or "".
 func (p *Pipeline) replayEndpoint(source, pod string) string {
-	if s, ok := p.opts.Sources[source]; ok && s.Replay != "" {
+	p.srcMu.RLock()
+	s, ok := p.sources[source]
+	p.srcMu.RUnlock()
+	if ok && s.Replay != "" {
 		return s.Replay
 	}
 	return p.opts.Replay[pod]

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prefixd/prefixd/internal/fixture"
+)
+
+// runCmd runs prefixd with args and returns its exit code and output.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// firstRecorded returns the first chat request of recording a, written to a
+// file, and the block hashes of the first BlockStored it caused.
+func firstRecorded(t *testing.T) (chatFile string, want []uint64) {
+	t.Helper()
+	dir := fixture.Path(t, "a_array_random_seedless")
+	f, err := os.Open(filepath.Join(dir, "requests.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 16<<20)
+	if !sc.Scan() {
+		t.Fatal("empty requests.jsonl")
+	}
+	var rq struct {
+		Request json.RawMessage `json:"request"`
+	}
+	if err := json.Unmarshal(sc.Bytes(), &rq); err != nil {
+		t.Fatal(err)
+	}
+	chatFile = filepath.Join(t.TempDir(), "chat.json")
+	if err := os.WriteFile(chatFile, rq.Request, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// That request's prompt was the first stored: batch 0, event 0.
+	ev, err := os.ReadFile(filepath.Join(dir, "events.decoded.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := json.NewDecoder(bytes.NewReader(ev))
+	d.UseNumber()
+	var batch struct {
+		Events [][]any `json:"events"`
+	}
+	if err := d.Decode(&batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range batch.Events[0][1].([]any) {
+		v, err := strconv.ParseUint(x.(json.Number).String(), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, v)
+	}
+	return chatFile, want
+}
+
+func parseLines(t *testing.T, s string) []uint64 {
+	t.Helper()
+	var out []uint64
+	for line := range strings.Lines(s) {
+		v, err := strconv.ParseUint(strings.TrimSpace(line), 10, 64)
+		if err != nil {
+			t.Fatalf("output line %q: %v", line, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func TestHashChatMatchesRecording(t *testing.T) {
+	chat, want := firstRecorded(t)
+	code, out, errOut := runCmd(t, "hash", "--hash-scheme", "llmd", "--hash-seed", "", "--model", "sim-model", "--block-size", "16", "--chat", chat)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if got := parseLines(t, out); !slices.Equal(got, want) {
+		t.Errorf("hashes %v, want the recorded %v", got, want)
+	}
+
+	// --json, with the model taken from the request body.
+	code, out, errOut = runCmd(t, "hash", "--chat", chat, "--json")
+	if code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, errOut)
+	}
+	var res struct {
+		TokenCount  int      `json:"token_count"`
+		TokenIDs    []uint32 `json:"token_ids"`
+		BlockHashes []uint64 `json:"block_hashes"`
+	}
+	d := json.NewDecoder(strings.NewReader(out))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&res); err != nil {
+		t.Fatalf("--json output %q: %v", out, err)
+	}
+	// 248 is the sim's usage.prompt_tokens for that request.
+	if res.TokenCount != 248 || len(res.TokenIDs) != 248 || !slices.Equal(res.BlockHashes, want) {
+		t.Errorf("--json: %d tokens (%d ids), hashes %v", res.TokenCount, len(res.TokenIDs), res.BlockHashes)
+	}
+
+	// The same chat as a bare messages array, and as token ids.
+	var body struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	data, _ := os.ReadFile(chat)
+	if err := json.Unmarshal(data, &body); err != nil {
+		t.Fatal(err)
+	}
+	bare := filepath.Join(t.TempDir(), "messages.json")
+	if err := os.WriteFile(bare, body.Messages, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runCmd(t, "hash", "--model", "sim-model", "--chat", bare)
+	if code != 0 || !slices.Equal(parseLines(t, out), want) {
+		t.Errorf("bare messages: exit %d, %q, %s", code, out, errOut)
+	}
+	ids := make([]string, len(res.TokenIDs))
+	for i, id := range res.TokenIDs {
+		ids[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	code, out, errOut = runCmd(t, "hash", "--model", "sim-model", "--tokens", strings.Join(ids, ","))
+	if code != 0 || !slices.Equal(parseLines(t, out), want) {
+		t.Errorf("--tokens: exit %d, %q, %s", code, out, errOut)
+	}
+}
+
+func TestHashSchemes(t *testing.T) {
+	tokens := "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16, 17"
+	cases := []struct {
+		args []string
+		want string
+	}{
+		// vLLM sha256_cbor with PYTHONHASHSEED=0 (vectors_test.go).
+		{[]string{"--hash-scheme", "vllm-sha256-cbor", "--hash-seed", "0", "--tokens", tokens}, "3236607068019569386\n"},
+		// Without --hash-seed: vLLM's default seed.
+		{[]string{"--hash-scheme", "vllm-sha256-cbor", "--tokens", tokens[:strings.LastIndex(tokens, ",")] + ",17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32"},
+			"8866452693264111234\n807986237951177663\n"},
+		// Fewer tokens than a block: no hashes.
+		{[]string{"--model", "m", "--prompt", "too short"}, ""},
+	}
+	for _, c := range cases {
+		code, out, errOut := runCmd(t, append([]string{"hash"}, c.args...)...)
+		if code != 0 || out != c.want {
+			t.Errorf("%q: exit %d, %q, want %q; %s", c.args, code, out, c.want, errOut)
+		}
+	}
+	code, out, errOut := runCmd(t, "hash", "--hash-scheme", "xxh3", "--model", "m", "--cache-salt", "s", "--block-size", "4",
+		"--prompt", "the quick brown fox jumps over the lazy dog, again and again")
+	if code != 0 || len(parseLines(t, out)) != 3 {
+		t.Errorf("xxh3 prompt: exit %d, %q, %s", code, out, errOut)
+	}
+}
+
+func TestHashUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--model", "m"},
+		{"--model", "m", "--prompt", "a", "--tokens", "1"},
+		{"--model", "m", "--tokens", "1,x"},
+		{"--model", "m", "--tokens", "4294967296"},
+		{"--model", "m", "--tokens", ""},
+		{"--hash-scheme", "sha256", "--model", "m", "--tokens", "1"},
+		{"--model", "m", "--block-size", "0", "--tokens", "1"},
+		{"--model", "m", "--cache-salt", "s", "--tokens", "1"},
+		{"--tokens", "1"}, // llmd needs a model
+		{"--model", "m", "--tokens", "1", "extra"},
+		{"--no-such-flag"},
+	} {
+		code, out, errOut := runCmd(t, append([]string{"hash"}, args...)...)
+		if code != 2 || out != "" || !strings.Contains(errOut, "Usage: prefixd hash") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want a usage error", args, code, out, errOut)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"model":"m","messages":"no"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, chat := range []string{bad, filepath.Join(t.TempDir(), "missing.json")} {
+		code, _, errOut := runCmd(t, "hash", "--chat", chat)
+		if code != 1 || !strings.Contains(errOut, "prefixd hash: --chat") {
+			t.Errorf("--chat %s: exit %d, %q", chat, code, errOut)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"flag"
+
+	"github.com/prefixd/prefixd/indexer/blockhash"
+)
+
+// hashFlags are the flags every command that hashes prompts takes, under
+// the same names: register them, parse, then call hasher and prompt.
+type hashFlags struct {
+	scheme    string
+	seed      string
+	model     string
+	blockSize int
+	lora      string
+	cacheSalt string
+
+	parsed blockhash.Scheme // set by hasher
+}
+
+func (h *hashFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&h.scheme, "hash-scheme", "llmd", "block hash chain: "+blockhash.SchemeNames)
+	fs.StringVar(&h.seed, "hash-seed", "", "the engine's hash seed: the sim's --hash-seed, vLLM's PYTHONHASHSEED\n"+
+		"(default \"\"; for vllm-sha256-cbor \""+blockhash.VLLMDefaultSeed+"\", vLLM's seed when PYTHONHASHSEED is unset)")
+	fs.StringVar(&h.model, "model", "", "served model name (default: a chat request's \"model\")")
+	fs.IntVar(&h.blockSize, "block-size", 16, "the engine's tokens per block")
+	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets")
+	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none)")
+}
+
+// hasher validates the parsed flags of fs and builds their Hasher. Errors
+// are usage errors, reported on fs's output.
+func (h *hashFlags) hasher(fs *flag.FlagSet) (*blockhash.Hasher, error) {
+	scheme, err := blockhash.ParseScheme(h.scheme)
+	if err != nil {
+		return nil, usageErrorf(fs, "--hash-scheme: %v", err)
+	}
+	h.parsed = scheme
+	seedSet := false
+	fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "hash-seed" })
+	seed := h.seed
+	if scheme == blockhash.VLLMSHA256CBOR && !seedSet {
+		seed = blockhash.VLLMDefaultSeed
+	}
+	if scheme == blockhash.LLMD && h.cacheSalt != "" {
+		return nil, usageErrorf(fs, "--cache-salt: the llmd chain hashes no cache salt (llm-d and its sim ignore it); leave it out")
+	}
+	hs, err := blockhash.New(blockhash.Config{Scheme: scheme, Seed: seed, BlockSize: h.blockSize})
+	if err != nil {
+		return nil, usageErrorf(fs, "%v", err)
+	}
+	return hs, nil
+}
+
+// prompt returns the flags' model, adapter and salt as a Prompt, with model
+// standing in for an unset --model; call it after hasher. The llmd and xxh3
+// chains need a model.
+func (h *hashFlags) prompt(fs *flag.FlagSet, model string) (blockhash.Prompt, error) {
+	if h.model != "" {
+		model = h.model
+	}
+	if model == "" && h.parsed != blockhash.VLLMSHA256CBOR {
+		return blockhash.Prompt{}, usageErrorf(fs, "--model is required: the %s chain starts from the served model's name", h.scheme)
+	}
+	return blockhash.Prompt{Model: model, LoRA: h.lora, CacheSalt: h.cacheSalt}, nil
+}

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/prefixd/prefixd/events/transport"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/ingest"
+	"github.com/prefixd/prefixd/store/memory"
+)
+
+// defaultZMQBind is where serve and record listen when given no endpoint.
+const defaultZMQBind = "tcp://*:5557"
+
+// shutdownTimeout bounds the HTTP server's graceful shutdown.
+const shutdownTimeout = 5 * time.Second
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, " ") }
+
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+// connectSpec is one --zmq-connect value:
+// [pod=]ENDPOINT[,replay=ENDPOINT][,name=NAME][,model=MODEL].
+type connectSpec struct {
+	endpoint string
+	src      ingest.Source
+}
+
+func parseConnect(v string) (connectSpec, error) {
+	var c connectSpec
+	for i, part := range strings.Split(v, ",") {
+		key, val, ok := strings.Cut(part, "=")
+		if !ok || strings.Contains(key, "://") {
+			if i != 0 {
+				return c, fmt.Errorf("%q: %q is not key=value", v, part)
+			}
+			key, val = "pod", part
+		}
+		if i == 0 && strings.Contains(val, "://") && !knownConnectKey(key) {
+			// NAME=ENDPOINT: the pod's name, for publishers whose topic names none.
+			c.src.Name, key = key, "pod"
+		}
+		switch key {
+		case "pod", "endpoint":
+			c.endpoint = val
+		case "replay":
+			c.src.Replay = val
+		case "name":
+			c.src.Name = val
+		case "model":
+			c.src.Model = val
+		default:
+			return c, fmt.Errorf("%q: unknown key %q (want pod, replay, name or model)", v, key)
+		}
+	}
+	if !strings.Contains(c.endpoint, "://") {
+		return c, fmt.Errorf("%q: no endpoint (want [pod=]tcp://host:port[,replay=tcp://host:port])", v)
+	}
+	return c, nil
+}
+
+func knownConnectKey(k string) bool {
+	switch k {
+	case "pod", "endpoint", "replay", "name", "model":
+		return true
+	}
+	return false
+}
+
+// zmqFlags are the flags of commands that subscribe to publishers.
+type zmqFlags struct {
+	binds    listFlag
+	connects listFlag
+	replays  listFlag
+	topic    string
+	// endpointsFile lists endpoints to connect to, re-read when it changes.
+	endpointsFile     string
+	endpointsInterval time.Duration
+
+	parsedConnects []connectSpec
+	parsedReplays  map[string]string // pod -> replay endpoint
+}
+
+func (z *zmqFlags) register(fs *flag.FlagSet, withReplay bool) {
+	fs.Var(&z.binds, "zmq-bind", "bind a SUB for publishers that connect (llm-d-inference-sim, vLLM with a host in its endpoint),\n"+
+		"tcp://HOST:PORT with HOST * for every interface; repeatable (default "+defaultZMQBind+" unless --zmq-connect is given)")
+	connect := "connect to a publisher that binds (vLLM with tcp://*:port): [pod=]tcp://IP:PORT"
+	if withReplay {
+		connect += "[,replay=tcp://IP:PORT]\n[,name=POD][,model=MODEL] (name and model for publishers whose topic names none)"
+	}
+	fs.Var(&z.connects, "zmq-connect", connect+"; repeatable")
+	if withReplay {
+		fs.Var(&z.replays, "zmq-replay", "POD=tcp://IP:PORT: the replay endpoint of a pod that connects to a bound SUB\n(the sim's --kv-events-replay-endpoint); repeatable")
+		fs.StringVar(&z.endpointsFile, "zmq-endpoints", "", "file of endpoints to connect to, one --zmq-connect value a line (# comments);\nre-read when it changes: new lines connect, removed lines disconnect")
+		fs.DurationVar(&z.endpointsInterval, "zmq-endpoints-interval", 2*time.Second, "how often --zmq-endpoints is checked for changes")
+	}
+	fs.StringVar(&z.topic, "zmq-topic", transport.DefaultTopic, "subscription topic prefix (\"\" for vLLM's default empty topic)")
+}
+
+// parse validates the flags; errors are usage errors on fs's output.
+func (z *zmqFlags) parse(fs *flag.FlagSet) error {
+	for _, v := range z.connects {
+		c, err := parseConnect(v)
+		if err != nil {
+			return usageErrorf(fs, "--zmq-connect %v", err)
+		}
+		z.parsedConnects = append(z.parsedConnects, c)
+	}
+	z.parsedReplays = make(map[string]string)
+	for _, v := range z.replays {
+		pod, ep, ok := strings.Cut(v, "=")
+		if !ok || pod == "" || ep == "" {
+			return usageErrorf(fs, "--zmq-replay %q: want POD=tcp://IP:PORT", v)
+		}
+		z.parsedReplays[pod] = ep
+	}
+	if z.endpointsFile != "" && z.endpointsInterval <= 0 {
+		return usageErrorf(fs, "--zmq-endpoints-interval %v: want > 0", z.endpointsInterval)
+	}
+	if len(z.binds) == 0 && len(z.connects) == 0 && z.endpointsFile == "" {
+		z.binds = listFlag{defaultZMQBind}
+	}
+	return nil
+}
+
+// subscribe binds and connects sub as the flags say and returns the
+// addresses bound.
+func (z *zmqFlags) subscribe(sub *transport.Subscriber) (bound []string, err error) {
+	for _, ep := range z.binds {
+		addr, err := sub.Bind(ep)
+		if err != nil {
+			return bound, err
+		}
+		bound = append(bound, addr)
+	}
+	for _, c := range z.parsedConnects {
+		if err := sub.Connect(c.endpoint); err != nil {
+			return bound, fmt.Errorf("connect %s: %w", c.endpoint, err)
+		}
+	}
+	return bound, nil
+}
+
+func (z *zmqFlags) connectEndpoints() []string {
+	eps := make([]string, len(z.parsedConnects))
+	for i, c := range z.parsedConnects {
+		eps[i] = c.endpoint
+	}
+	return eps
+}
+
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	start := time.Now()
+	fs := newFlagSet("serve", "", stderr)
+	var (
+		hf       hashFlags
+		zf       zmqFlags
+		so       memory.Options
+		keyMode  = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
+		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, /v1/pods")
+		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")
+	)
+	hf.register(fs)
+	zf.register(fs, true)
+	so.AddFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf(fs, "serve takes no arguments; have %q", fs.Args())
+	}
+	if err := zf.parse(fs); err != nil {
+		return err
+	}
+	mo, err := hf.modelOptions(fs)
+	if err != nil {
+		return err
+	}
+	if mo.KeyMode, err = indexer.ParseKeyMode(*keyMode); err != nil {
+		return usageErrorf(fs, "--key-mode: %v", err)
+	}
+	if *workers < 0 {
+		return usageErrorf(fs, "--workers %d: want 0 (default) or more", *workers)
+	}
+	defaultModel := hf.model
+	if defaultModel == "" {
+		defaultModel = "default"
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	so.Registerer = reg
+	st, err := memory.New(so)
+	if err != nil {
+		return err
+	}
+	opts := indexer.DefaultOptions()
+	opts.Default = mo
+	opts.DefaultModel = defaultModel
+	ix, err := indexer.New(st, opts, indexer.NewMetrics(reg), log)
+	if err != nil {
+		return err
+	}
+
+	topts := transport.DefaultOptions()
+	topts.Topic = zf.topic
+	topts.Logger = log
+	sub, err := transport.NewSubscriber(topts, transport.NewMetrics(reg))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Close() }() // on early returns; idempotent
+	sources := make(map[string]ingest.Source, len(zf.parsedConnects))
+	for _, c := range zf.parsedConnects {
+		sources[c.endpoint] = c.src
+	}
+	pipe, err := ingest.New(ix, sub, ingest.Options{
+		Workers:      *workers,
+		Sources:      sources,
+		Replay:       zf.parsedReplays,
+		DefaultModel: defaultModel,
+		Logger:       log,
+	}, ingest.NewMetrics(reg))
+	if err != nil {
+		return err
+	}
+
+	var ready atomic.Bool
+	srv := &http.Server{Handler: newServeMux(ix, reg, &ready), ReadHeaderTimeout: 10 * time.Second}
+	var lc net.ListenConfig
+	hl, err := lc.Listen(ctx, "tcp", *httpAddr)
+	if err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	var wg sync.WaitGroup
+	httpErr := make(chan error, 1)
+	wg.Go(func() {
+		if err := srv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
+			httpErr <- fmt.Errorf("http: %w", err)
+		}
+	})
+	// stopHTTP shuts the HTTP server down and waits for it.
+	stopHTTP := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+		wg.Wait()
+	}
+
+	bound, err := zf.subscribe(sub)
+	if err != nil {
+		stopHTTP()
+		return err
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if zf.endpointsFile != "" {
+		w := &endpointsWatcher{path: zf.endpointsFile, interval: zf.endpointsInterval, sub: sub, pipe: pipe, log: log}
+		for _, c := range zf.parsedConnects {
+			w.reserved = append(w.reserved, c.endpoint)
+		}
+		if err := w.sync(); err != nil {
+			stopHTTP()
+			return fmt.Errorf("--zmq-endpoints: %w", err)
+		}
+		wg.Go(func() { w.run(watchCtx) })
+	}
+	pipeDone := make(chan struct{})
+	go func() {
+		defer close(pipeDone)
+		_ = pipe.Run(ctx, sub.Messages())
+	}()
+	ready.Store(true)
+	log.Info("prefixd serving", "zmq_bound", bound, "zmq_connect", zf.connectEndpoints(), "zmq_topic", zf.topic,
+		"http", hl.Addr().String(), "startup", time.Since(start))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-httpErr:
+	}
+	ready.Store(false)
+	stopWatch()
+	_ = sub.Close() // closes the queue: the pipeline ends
+	_ = pipe.Close()
+	<-pipeDone
+	stopHTTP()
+	log.Info("prefixd stopped")
+	return runErr
+}
+
+// podJSON is one pod of GET /v1/pods.
+type podJSON struct {
+	Name      string    `json:"name"`
+	Model     string    `json:"model"`
+	Blocks    int       `json:"blocks"`
+	Seq       uint64    `json:"seq"`
+	HasSeq    bool      `json:"has_seq"`
+	LastEvent time.Time `json:"last_event"`
+	Stale     bool      `json:"stale"`
+}
+
+func newServeMux(ix *indexer.Indexer, reg *prometheus.Registry, ready *atomic.Bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /v1/pods", func(w http.ResponseWriter, r *http.Request) {
+		pods, err := ix.Pods(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		out := struct {
+			Pods []podJSON `json:"pods"`
+		}{Pods: make([]podJSON, len(pods))}
+		for i, p := range pods {
+			out.Pods[i] = podJSON{Name: p.Name, Model: p.Model, Blocks: p.Blocks, Seq: p.Seq, HasSeq: p.HasSeq, LastEvent: p.LastEvent, Stale: p.Stale}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	return mux
+}
