@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs prefixd's benchmarks on one core and regenerates BENCHMARKS.md.
+# BENCH_QUICK=1 skips the 10M-block store benchmarks (several GiB, minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+n=0
+bench() { # bench PKG REGEX BENCHTIME
+	n=$((n + 1))
+	local cmd="go test -run '^\$' -bench '$2' -benchtime $3 -benchmem -cpu 1 -count 1 $1"
+	echo "$cmd" >&2
+	{ echo "# command: $cmd"; eval "$cmd"; } | tee "$out/$n.txt" | grep -E '^Benchmark' >&2
+}
+bench ./events/ '^BenchmarkDecode$' 2s
+bench ./indexer/blockhash/ '^Benchmark(Chain|FNV64aFloor)$' 2000x
+bench ./indexer/ '^Benchmark(Apply|MatchTokens)$' 1s
+if [ "${BENCH_QUICK:-}" = 1 ]; then
+	bench ./store/memory/ '^Benchmark(Lookup|Memory)$/1M|^BenchmarkApply$' 1s
+else
+	bench ./store/memory/ '^Benchmark(Lookup|Memory|Apply)$' 1s
+fi
+bench ./events/transport/ '^BenchmarkIngest$' 200000x
+bench ./indexer/ingest/ '^BenchmarkEndToEnd$' 50000x
+go run ./scripts/benchreport -out BENCHMARKS.md "$out"/*.txt
+echo "wrote BENCHMARKS.md" >&2
