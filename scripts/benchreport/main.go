@@ -43,6 +43,8 @@ var targets = []target{
 	{"#3", "llm-d chain allocations", "BenchmarkChain/llmd-512x16", "allocs/op", 1, "allocs", true, 0, ""},
 	{"#4", "lookup p50, 100 pods, 512-block prompts held whole, 1M blocks", "BenchmarkLookup/1M", "p50-ns", 1e-3, "µs", true, 10, ""},
 	{"#4", "lookup p50, the same with 10M blocks", "BenchmarkLookup/10M", "p50-ns", 1e-3, "µs", true, 25, ""},
+	{"#4", "a plain Go map walk over the same queries, 1M blocks (the issue measured 9 µs on its machine)", "BenchmarkLookupMapBaseline/1M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: calibrates this machine"},
+	{"#4", "a plain Go map walk, 10M blocks (the issue measured 107 µs)", "BenchmarkLookupMapBaseline/10M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: calibrates this machine"},
 	{"#4", "store apply, BlockStored + BlockRemoved", "BenchmarkApply/batch=16", "blocks/s", 1e-6, "M blocks/s", false, 3, ""},
 	{"#4", "memory per block, 10M blocks with one holder", "BenchmarkMemory/10M", "heapinuse-B/block", 1, "bytes/block", true, 40, ""},
 	{"#4", "indexer apply (hash check + store), engine keys", "BenchmarkApply/engine", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target: the whole apply path"},
