@@ -1,9 +1,7 @@
 package indexer
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
@@ -150,31 +148,16 @@ func ownKeys(t *testing.T, rec *Recorded, engine, own *blockhash.Hasher, model s
 	return out
 }
 
-func readRequests(t *testing.T, path string) []tokenize.ChatRequest {
+// readRequests returns the chat requests recorded in dir.
+func readRequests(t *testing.T, dir string) []tokenize.ChatRequest {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var out []tokenize.ChatRequest
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	for sc.Scan() {
-		var line struct {
-			Request json.RawMessage `json:"request"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		req, err := tokenize.ParseChat(line.Request)
+	for _, r := range fixture.Requests(t, dir) {
+		req, err := tokenize.ParseChat(r.Body)
 		if err != nil {
-			t.Fatalf("%s: %v", path, err)
+			t.Fatalf("%s:%d: %v", r.File, r.Line, err)
 		}
 		out = append(out, req)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
@@ -310,44 +293,41 @@ func mustRoot(t *testing.T, h *blockhash.Hasher, hasParent bool, parent uint64, 
 // says it holds.
 func checkQueries(t *testing.T, ix *Indexer, dir string, ref *reference, engine *blockhash.Hasher, model string) {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(fixture.SimDir(t), dir, "requests*.jsonl"))
 	queries, hits := 0, 0
-	for _, f := range files {
-		for _, req := range readRequests(t, f) {
-			var tk tokenize.Tokenizer
-			toks := tk.AppendChat(nil, req.Messages)
-			keys, _ := engine.AppendPrompt(nil, toks, blockhash.Prompt{Model: model})
-			want := map[string]int{}
-			for pod, held := range ref.blocks {
-				n := 0
-				for n < len(keys) && held[keys[n]] {
-					n++
-				}
-				if n > 0 {
-					want[pod] = n
-				}
+	for _, req := range readRequests(t, dir) {
+		var tk tokenize.Tokenizer
+		toks := tk.AppendChat(nil, req.Messages)
+		keys, _ := engine.AppendPrompt(nil, toks, blockhash.Prompt{Model: model})
+		want := map[string]int{}
+		for pod, held := range ref.blocks {
+			n := 0
+			for n < len(keys) && held[keys[n]] {
+				n++
 			}
-			res, err := ix.Match(context.Background(), &Query{Model: req.Model, Messages: req.Messages})
-			if err != nil {
-				t.Fatal(err)
+			if n > 0 {
+				want[pod] = n
 			}
-			if res.TotalBlocks != len(keys) || res.Tokens != len(toks) {
-				t.Fatalf("total blocks %d tokens %d, want %d and %d", res.TotalBlocks, res.Tokens, len(keys), len(toks))
+		}
+		res, err := ix.Match(context.Background(), &Query{Model: req.Model, Messages: req.Messages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.TotalBlocks != len(keys) || res.Tokens != len(toks) {
+			t.Fatalf("total blocks %d tokens %d, want %d and %d", res.TotalBlocks, res.Tokens, len(keys), len(toks))
+		}
+		got := map[string]int{}
+		for _, pm := range res.Pods {
+			got[pm.Pod] = pm.Blocks
+			if pm.Tokens != pm.Blocks*16 || pm.Score != float64(pm.Blocks)/float64(len(keys)) {
+				t.Errorf("pod %s: %d blocks, %d tokens, score %v", pm.Pod, pm.Blocks, pm.Tokens, pm.Score)
 			}
-			got := map[string]int{}
-			for _, pm := range res.Pods {
-				got[pm.Pod] = pm.Blocks
-				if pm.Tokens != pm.Blocks*16 || pm.Score != float64(pm.Blocks)/float64(len(keys)) {
-					t.Errorf("pod %s: %d blocks, %d tokens, score %v", pm.Pod, pm.Blocks, pm.Tokens, pm.Score)
-				}
-			}
-			if !maps.Equal(got, want) {
-				t.Errorf("query %d: got %v, reference %v", queries, got, want)
-			}
-			queries++
-			if len(want) > 0 {
-				hits++
-			}
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("query %d: got %v, reference %v", queries, got, want)
+		}
+		queries++
+		if len(want) > 0 {
+			hits++
 		}
 	}
 	t.Logf("%d queries, %d with a match", queries, hits)

@@ -1,7 +1,6 @@
 package blockhash_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -198,39 +197,13 @@ type request struct {
 
 func loadRequests(t *testing.T, dir string) []request {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "requests*.jsonl"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no requests*.jsonl in %s", dir)
-	}
 	var out []request
-	for _, f := range files {
-		fh, err := os.Open(f)
+	for _, r := range fixture.Requests(t, filepath.Base(dir)) {
+		chat, err := tokenize.ParseChat(r.Body)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s:%d: %v", r.File, r.Line, err)
 		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(nil, 16<<20)
-		for n := 1; sc.Scan(); n++ {
-			var r struct {
-				Request json.RawMessage `json:"request"`
-				Usage   *struct {
-					PromptTokens int `json:"prompt_tokens"`
-				} `json:"usage"`
-			}
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-				t.Fatalf("%s:%d: %v", f, n, err)
-			}
-			chat, err := tokenize.ParseChat(r.Request)
-			if err != nil {
-				t.Fatalf("%s:%d: %v", f, n, err)
-			}
-			rq := request{where: fmt.Sprintf("%s:%d", filepath.Base(f), n), model: chat.Model, msgs: chat.Messages, tokens: -1}
-			if r.Usage != nil {
-				rq.tokens = r.Usage.PromptTokens
-			}
-			out = append(out, rq)
-		}
-		fh.Close()
+		out = append(out, request{where: fmt.Sprintf("%s:%d", filepath.Base(r.File), r.Line), model: chat.Model, msgs: chat.Messages, tokens: r.PromptTokens})
 	}
 	return out
 }

@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"os"
@@ -150,44 +149,14 @@ type recorded struct {
 
 func loadRequests(t testing.TB) []recorded {
 	t.Helper()
-	dir := fixture.SimDir(t)
-	files, err := filepath.Glob(filepath.Join(dir, "*", "requests*.jsonl"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no requests*.jsonl under %s: %v", dir, err)
-	}
 	var out []recorded
-	for _, f := range files {
-		fh, err := os.Open(f)
+	for _, r := range fixture.Requests(t, "") {
+		req, err := ParseChat(r.Body)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s:%d: %v", r.File, r.Line, err)
 		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(nil, 16<<20)
-		for n := 1; sc.Scan(); n++ {
-			var r struct {
-				Request json.RawMessage `json:"request"`
-				Usage   *struct {
-					PromptTokens int `json:"prompt_tokens"`
-				} `json:"usage"`
-			}
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-				t.Fatalf("%s:%d: %v", f, n, err)
-			}
-			req, err := ParseChat(r.Request)
-			if err != nil {
-				t.Fatalf("%s:%d: %v", f, n, err)
-			}
-			rec := recorded{file: f, line: n, msgs: req.Messages, tokens: -1}
-			if r.Usage != nil {
-				rec.tokens = r.Usage.PromptTokens
-			}
-			rec.rawText = string(AppendFlat(nil, req.Messages))
-			out = append(out, rec)
-		}
-		fh.Close()
-		if err := sc.Err(); err != nil {
-			t.Fatal(err)
-		}
+		out = append(out, recorded{file: r.File, line: r.Line, msgs: req.Messages, tokens: r.PromptTokens,
+			rawText: string(AppendFlat(nil, req.Messages))})
 	}
 	return out
 }
