@@ -27,6 +27,35 @@ func newFlagSet(name, args string, stderr io.Writer) *flag.FlagSet {
 // args, so that the command line wins. Errors are reported on stderr and
 // returned as errUsage; --help returns flag.ErrHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	_, err := parseFlagsConfig(fs, args)
+	return err
+}
+
+// parseFlagsConfig is parseFlags for commands with a --config flag: the
+// file's values come first, then the environment's, then the command
+// line's. It returns the file read, or nil.
+func parseFlagsConfig(fs *flag.FlagSet, args []string) (*fileConfig, error) {
+	var cfg *fileConfig
+	if fs.Lookup("config") != nil {
+		path, err := configPath(args)
+		if err != nil {
+			fmt.Fprintln(fs.Output(), "prefixd:", err)
+			return nil, errUsage
+		}
+		if path != "" {
+			if cfg, err = loadConfig(path); err == nil {
+				err = cfg.apply(fs)
+			}
+			if err != nil {
+				fmt.Fprintln(fs.Output(), "prefixd: config:", err)
+				return nil, errUsage
+			}
+		}
+	}
+	return cfg, parseEnvArgs(fs, args)
+}
+
+func parseEnvArgs(fs *flag.FlagSet, args []string) error {
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		key := "PREFIXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))

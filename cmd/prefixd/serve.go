@@ -185,7 +185,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	hf.register(fs)
 	zf.register(fs, true)
 	so.AddFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
+	fs.String("config", "", "YAML file of flag values (flag names as keys, lists for repeatable flags) and per-model\nhash settings under models:; the environment and the command line override it")
+	cfg, err := parseFlagsConfig(fs, args)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -220,6 +222,11 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	opts := indexer.DefaultOptions()
 	opts.Default = mo
 	opts.DefaultModel = defaultModel
+	if cfg != nil {
+		if opts.Models, err = cfg.modelOptions(mo); err != nil {
+			return usageErrorf(fs, "config: %v", err)
+		}
+	}
 	ix, err := indexer.New(st, opts, indexer.NewMetrics(reg), log)
 	if err != nil {
 		return err
