@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 )
@@ -100,4 +101,31 @@ func usageErrorf(fs *flag.FlagSet, format string, a ...any) error {
 	fmt.Fprintf(fs.Output(), "prefixd: "+format+"\n", a...)
 	fs.Usage()
 	return errUsage
+}
+
+// logFlags choose the format and level of a command's structured log.
+type logFlags struct {
+	format string
+	level  string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&l.level, "log-level", "info", "least level logged: debug, info, warn or error")
+}
+
+// logger builds the log the flags describe, writing to w.
+func (l *logFlags) logger(fs *flag.FlagSet, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, usageErrorf(fs, "--log-level %q: want debug, info, warn or error", l.level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usageErrorf(fs, "--log-format %q: want text or json", l.format)
 }

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -181,7 +180,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		keyMode  = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
 		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, /v1/pods")
 		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")
+		lf       logFlags
 	)
+	lf.register(fs)
 	hf.register(fs)
 	zf.register(fs, true)
 	so.AddFlags(fs)
@@ -210,7 +211,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if defaultModel == "" {
 		defaultModel = "default"
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log, err := lf.logger(fs, stderr)
+	if err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -236,6 +236,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{"serve", "--zmq-replay", "tcp://127.0.0.1:1"},
 		{"serve", "--key-mode", "fast"},
 		{"serve", "extra"},
+		{"serve", "--log-format", "xml"},
+		{"serve", "--log-level", "loud"},
 	} {
 		if code, _, errOut := runCmd(t, args...); code != 2 {
 			t.Errorf("%q: exit %d, want 2; stderr:\n%s", args, code, errOut)
