@@ -44,8 +44,24 @@ lint: $(GOLANGCI_LINT)
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+# generate regenerates generated code. The .proto files are compiled by
+# protoc (Debian's protobuf-compiler, pinned to PROTOC_VERSION: its version
+# is written into the generated files) with the Go plugins pinned as go
+# tools in go.mod (protoc-gen-go, protoc-gen-go-grpc).
+PROTOC         ?= protoc
+PROTOC_VERSION := 3.21.12
+PROTO_FILES    := $(shell find proto -name '*.proto' 2>/dev/null | sort)
+
 generate:
 	$(GO) generate ./...
+	@$(PROTOC) --version 2>/dev/null | grep -qx 'libprotoc $(PROTOC_VERSION)' || \
+		{ echo "generate: need protoc $(PROTOC_VERSION) (apt-get install protobuf-compiler libprotobuf-dev on Debian bookworm); have: $$($(PROTOC) --version 2>&1)"; exit 1; }
+	$(PROTOC) -I proto \
+		--plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
+		--plugin=protoc-gen-go-grpc=$$($(GO) tool -n protoc-gen-go-grpc) \
+		--go_out=. --go_opt=module=github.com/prefixd/prefixd \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/prefixd/prefixd \
+		$(PROTO_FILES)
 
 # verify regenerates everything generated and fails if the tree changed.
 verify: generate

@@ -253,7 +253,7 @@ func TestQueryErrors(t *testing.T) {
 	if _, err := f.ix.Match(ctx, &Query{Model: testModel}); !errors.Is(err, ErrEmptyQuery) {
 		t.Errorf("empty query: %v", err)
 	}
-	if _, err := f.ix.Match(ctx, &Query{Model: testModel, TokenIDs: tokens(0, 4), BlockHashes: []uint64{1}}); err == nil {
+	if _, err := f.ix.Match(ctx, &Query{Model: testModel, TokenIDs: tokens(0, 4), BlockHashes: []uint64{1}}); !errors.Is(err, ErrBadQuery) {
 		t.Error("tokens and hashes together: no error")
 	}
 	// A prompt shorter than a block has no blocks and matches nothing.

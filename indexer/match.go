@@ -63,6 +63,9 @@ type PodMatch struct {
 var (
 	ErrUnknownModel = errors.New("unknown model")
 	ErrEmptyQuery   = errors.New("empty query")
+	// ErrBadQuery: a query that mixes inputs, or asks by engine block
+	// hashes a model keyed by token chains.
+	ErrBadQuery = errors.New("bad query")
 )
 
 // Match answers q.
@@ -76,16 +79,16 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	switch {
 	case len(q.BlockHashes) > 0:
 		if len(q.TokenIDs) > 0 || q.Prompt != "" || len(q.Messages) > 0 {
-			return nil, errors.New("query gives both block hashes and a prompt: give one")
+			return nil, fmt.Errorf("%w: it gives both block hashes and a prompt: give one", ErrBadQuery)
 		}
 		if m.mode() == KeyModeTokens {
-			return nil, fmt.Errorf("model %q is keyed by token chains (key mode tokens): query by tokens or text, not engine block hashes", m.name)
+			return nil, fmt.Errorf("%w: model %q is keyed by token chains (key mode tokens): query by tokens or text, not engine block hashes", ErrBadQuery, m.name)
 		}
 	default:
 		tokens := q.TokenIDs
 		if q.Prompt != "" || len(q.Messages) > 0 {
 			if len(tokens) > 0 {
-				return nil, errors.New("query gives both token ids and text: give one")
+				return nil, fmt.Errorf("%w: it gives both token ids and text: give one", ErrBadQuery)
 			}
 			tokens = tokenizeQuery(q)
 		}

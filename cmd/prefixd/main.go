@@ -24,6 +24,7 @@ func commands() []command {
 		{"hash", "print the block hashes of a prompt", runHash},
 		{"inspect", "print what recordings of KV events hold", runInspect},
 		{"replay", "build the index from recordings and answer queries", runReplay},
+		{"query", "ask a running prefixd which pods hold how much of a prompt", runQuery},
 		{"serve", "subscribe to publishers' KV events and serve the live index", runServe},
 		{"record", "record publishers' KV event messages to a file", runRecord},
 		{"version", "print the version", runVersion},
