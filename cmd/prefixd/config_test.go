@@ -73,7 +73,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"zmq-bind: [unclosed\n":                 "prefixd.yaml",
 	} {
 		path := writeConfig(t, text)
-		code, _, errOut := runCmd(t, "serve", "--config", path, "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0")
+		code, _, errOut := runCmd(t, "serve", "--config", path, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0")
 		if code != 2 || !strings.Contains(errOut, want) {
 			t.Errorf("config %q: exit %d, stderr %q; want 2 and %q", text, code, errOut, want)
 		}

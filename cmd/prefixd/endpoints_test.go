@@ -36,7 +36,7 @@ func TestServeEndpointsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	s := startCmd(t, "serve", "--zmq-endpoints", file, "--zmq-endpoints-interval", "20ms", "--http-addr", strings.TrimPrefix(base, "http://"))
+	s := startCmd(t, "serve", "--grpc-addr", "127.0.0.1:0", "--zmq-endpoints", file, "--zmq-endpoints-interval", "20ms", "--http-addr", strings.TrimPrefix(base, "http://"))
 
 	pub := zmqpub.Start(t)
 	pubEP := pub.Bind("tcp://127.0.0.1:0")

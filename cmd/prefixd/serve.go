@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,18 +16,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
 	"github.com/prefixd/prefixd/events/transport"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/ingest"
+	"github.com/prefixd/prefixd/rpc"
 	"github.com/prefixd/prefixd/store/memory"
 )
 
 // defaultZMQBind is where serve and record listen when given no endpoint.
 const defaultZMQBind = "tcp://*:5557"
-
-// shutdownTimeout bounds the HTTP server's graceful shutdown.
-const shutdownTimeout = 5 * time.Second
 
 // listFlag is a repeatable string flag.
 type listFlag []string
@@ -178,11 +176,15 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		zf       zmqFlags
 		so       memory.Options
 		keyMode  = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
-		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, /v1/pods")
+		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, POST /v1/match, GET /v1/pods")
+		grpcAddr = fs.String("grpc-addr", ":50051", "address of the gRPC server (prefixd.v1.IndexService, health, reflection)")
+		drain    = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long queries in flight may take before they are cut off")
 		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")
 		lf       logFlags
 	)
 	lf.register(fs)
+	limits := rpc.DefaultLimits()
+	limits.AddFlags(fs)
 	hf.register(fs)
 	zf.register(fs, true)
 	so.AddFlags(fs)
@@ -206,6 +208,12 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if *workers < 0 {
 		return usageErrorf(fs, "--workers %d: want 0 (default) or more", *workers)
+	}
+	if err := limits.Validate(); err != nil {
+		return usageErrorf(fs, "%v", err)
+	}
+	if *drain <= 0 {
+		return usageErrorf(fs, "--drain-timeout %v: want > 0", *drain)
 	}
 	defaultModel := hf.model
 	if defaultModel == "" {
@@ -259,26 +267,54 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 
+	api, err := rpc.New(ix, rpc.Options{Limits: limits, Metrics: rpc.NewMetrics(reg), Stats: newIngestRates(pipe, st), Log: log})
+	if err != nil {
+		return err
+	}
 	var ready atomic.Bool
-	srv := &http.Server{Handler: newServeMux(ix, reg, &ready), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: newServeMux(api.HTTPHandler(), reg, &ready), ReadHeaderTimeout: 10 * time.Second}
 	var lc net.ListenConfig
 	hl, err := lc.Listen(ctx, "tcp", *httpAddr)
 	if err != nil {
 		return fmt.Errorf("http: %w", err)
 	}
+	gl, err := lc.Listen(ctx, "tcp", *grpcAddr)
+	if err != nil {
+		_ = hl.Close()
+		return fmt.Errorf("grpc: %w", err)
+	}
+	gsrv := api.NewGRPCServer()
 	var wg sync.WaitGroup
-	httpErr := make(chan error, 1)
+	httpErr := make(chan error, 2)
 	wg.Go(func() {
 		if err := srv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
 			httpErr <- fmt.Errorf("http: %w", err)
 		}
 	})
-	// stopHTTP shuts the HTTP server down and waits for it.
+	wg.Go(func() {
+		if err := gsrv.Serve(gl); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			httpErr <- fmt.Errorf("grpc: %w", err)
+		}
+	})
+	// stopHTTP stops taking queries, lets those in flight finish for up to
+	// the drain timeout, and waits for both servers.
 	stopHTTP := func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		api.SetServing(false)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), *drain)
 		defer cancel()
+		stopped := make(chan struct{})
+		go func() {
+			gsrv.GracefulStop()
+			close(stopped)
+		}()
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()
+		}
+		select {
+		case <-stopped:
+		case <-sctx.Done():
+			gsrv.Stop()
+			<-stopped
 		}
 		wg.Wait()
 	}
@@ -308,7 +344,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}()
 	ready.Store(true)
 	log.Info("prefixd serving", "zmq_bound", bound, "zmq_connect", zf.connectEndpoints(), "zmq_topic", zf.topic,
-		"http", hl.Addr().String(), "startup", time.Since(start))
+		"grpc", gl.Addr().String(), "http", hl.Addr().String(), "startup", time.Since(start))
 
 	var runErr error
 	select {
@@ -325,18 +361,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return runErr
 }
 
-// podJSON is one pod of GET /v1/pods.
-type podJSON struct {
-	Name      string    `json:"name"`
-	Model     string    `json:"model"`
-	Blocks    int       `json:"blocks"`
-	Seq       uint64    `json:"seq"`
-	HasSeq    bool      `json:"has_seq"`
-	LastEvent time.Time `json:"last_event"`
-	Stale     bool      `json:"stale"`
-}
-
-func newServeMux(ix *indexer.Indexer, reg *prometheus.Registry, ready *atomic.Bool) *http.ServeMux {
+func newServeMux(api http.Handler, reg *prometheus.Registry, ready *atomic.Bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -349,20 +374,37 @@ func newServeMux(ix *indexer.Indexer, reg *prometheus.Registry, ready *atomic.Bo
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /v1/pods", func(w http.ResponseWriter, r *http.Request) {
-		pods, err := ix.Pods(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		out := struct {
-			Pods []podJSON `json:"pods"`
-		}{Pods: make([]podJSON, len(pods))}
-		for i, p := range pods {
-			out.Pods[i] = podJSON{Name: p.Name, Model: p.Model, Blocks: p.Blocks, Seq: p.Seq, HasSeq: p.HasSeq, LastEvent: p.LastEvent, Stale: p.Stale}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
-	})
+	mux.Handle("/v1/", api)
 	return mux
+}
+
+// ingestRates gives the gRPC Stats method the pipeline's recent rates and
+// the store's memory estimate.
+type ingestRates struct {
+	pipe  *ingest.Pipeline
+	store *memory.Store
+
+	mu                    sync.Mutex // protects the fields below
+	at                    time.Time
+	batches, events       uint64
+	lastBatches, lastEvts float64
+}
+
+func newIngestRates(pipe *ingest.Pipeline, st *memory.Store) *ingestRates {
+	return &ingestRates{pipe: pipe, store: st, at: time.Now()}
+}
+
+// IngestStats returns the rates since the previous call (since start-up for
+// the first), over at least a second.
+func (r *ingestRates) IngestStats() rpc.IngestStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	b, e := r.pipe.Applied()
+	if dt := now.Sub(r.at).Seconds(); dt >= 1 {
+		r.lastBatches = float64(b-r.batches) / dt
+		r.lastEvts = float64(e-r.events) / dt
+		r.at, r.batches, r.events = now, b, e
+	}
+	return rpc.IngestStats{BatchesPerSecond: r.lastBatches, EventsPerSecond: r.lastEvts, MemoryBytes: uint64(r.store.Stats().Bytes)}
 }

@@ -156,7 +156,7 @@ func TestServeIndexesLivePublisher(t *testing.T) {
 
 	zmqEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	s := startCmd(t, "serve", "--zmq-bind", zmqEP, "--http-addr", strings.TrimPrefix(base, "http://"))
+	s := startCmd(t, "serve", "--grpc-addr", "127.0.0.1:0", "--zmq-bind", zmqEP, "--http-addr", strings.TrimPrefix(base, "http://"))
 	waitFor(t, "ready", s, func() bool { code, _ := get(base + "/readyz"); return code == http.StatusOK })
 	if code, _ := get(base + "/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz %d", code)
@@ -249,7 +249,7 @@ func TestServeFlagErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	code, _, errOut := runCmd(t, "serve", "--zmq-bind", "tcp://"+l.Addr().String(), "--http-addr", "127.0.0.1:0")
+	code, _, errOut := runCmd(t, "serve", "--zmq-bind", "tcp://"+l.Addr().String(), "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 	if code != 1 || !strings.Contains(errOut, "bind") {
 		t.Errorf("bind of a used port: exit %d; stderr:\n%s", code, errOut)
 	}
@@ -283,7 +283,7 @@ func TestServeConnectRepairsFromReplay(t *testing.T) {
 	pub.Skip(4)
 
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	s := startCmd(t, "serve", "--zmq-connect", "pod="+pubEP+",replay="+replayEP, "--http-addr", strings.TrimPrefix(base, "http://"))
+	s := startCmd(t, "serve", "--grpc-addr", "127.0.0.1:0", "--zmq-connect", "pod="+pubEP+",replay="+replayEP, "--http-addr", strings.TrimPrefix(base, "http://"))
 	pub.WaitSubscribed()
 	if n := pub.SendFile(path); n != 31 {
 		t.Fatalf("sent %d, want 31", n)

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 func TestSIGTERM(t *testing.T) {
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	zmqAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(os.Args[0], "serve", "--zmq-bind", zmqAddr, "--http-addr", httpAddr)
+	cmd := exec.Command(os.Args[0], "serve", "--grpc-addr", "127.0.0.1:0", "--zmq-bind", zmqAddr, "--http-addr", httpAddr)
 	cmd.Env = append(os.Environ(), "PREFIXD_TEST_RUN_MAIN=1")
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr

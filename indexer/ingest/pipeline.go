@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/transport"
@@ -45,6 +46,14 @@ type Pipeline struct {
 
 	srcMu   sync.RWMutex // protects sources
 	sources map[string]Source
+
+	// applied and appliedEvents count the batches and events applied.
+	applied, appliedEvents atomic.Uint64
+}
+
+// Applied returns how many batches, and events in them, were applied so far.
+func (p *Pipeline) Applied() (batches, events uint64) {
+	return p.applied.Load(), p.appliedEvents.Load()
 }
 
 // New returns a Pipeline that applies to ix and repairs gaps with rp, which

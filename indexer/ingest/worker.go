@@ -185,6 +185,8 @@ func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source,
 	}
 	st.last, st.known = b.Seq, true
 	p.m.batches.Inc()
+	p.applied.Add(1)
+	p.appliedEvents.Add(uint64(len(b.Events)))
 	if b.TS > 0 {
 		lag := time.Since(time.Unix(0, int64(b.TS*1e9))).Seconds()
 		p.m.lag.Observe(max(lag, 0))
