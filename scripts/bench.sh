@@ -22,5 +22,10 @@ else
 fi
 bench ./events/transport/ '^BenchmarkIngest$' 200000x
 bench ./indexer/ingest/ '^BenchmarkEndToEnd$' 50000x
+# The query load runs on both cores: client and server share the machine.
+n=$((n + 1))
+cmd="go test -run '^\$' -bench '^BenchmarkGRPCMatch$' -benchtime 5s -benchmem -cpu 2 -count 1 ./rpc/"
+echo "$cmd" >&2
+{ echo "# command: $cmd"; eval "$cmd"; } | tee "$out/$n.txt" | grep -E '^Benchmark' >&2
 go run ./scripts/benchreport -out BENCHMARKS.md "$out"/*.txt
 echo "wrote BENCHMARKS.md" >&2
