@@ -58,6 +58,7 @@ func parseFlagsConfig(fs *flag.FlagSet, args []string) (*fileConfig, error) {
 
 func parseEnvArgs(fs *flag.FlagSet, args []string) error {
 	var envErr error
+	newSource(fs)
 	fs.VisitAll(func(f *flag.Flag) {
 		key := "PREFIXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		v, ok := os.LookupEnv(key)
@@ -72,6 +73,7 @@ func parseEnvArgs(fs *flag.FlagSet, args []string) error {
 		fmt.Fprintln(fs.Output(), envErr)
 		return errUsage
 	}
+	newSource(fs)
 	// Flags may come before, between and after positional arguments, as
 	// in "prefixd replay a.jsonl b.jsonl --query q.jsonl"; "--" ends flags.
 	var positional []string
@@ -128,4 +130,37 @@ func (l *logFlags) logger(fs *flag.FlagSet, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageErrorf(fs, "--log-format %q: want text or json", l.format)
+}
+
+// listFlag is a repeatable string flag. Values given by a later source
+// (the environment after the configuration file, the command line after
+// both) replace those of an earlier one instead of adding to them.
+type listFlag struct {
+	vals []string
+	// replace is set between sources: the next Set starts a new list.
+	replace bool
+}
+
+func (l *listFlag) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.vals, " ")
+}
+
+func (l *listFlag) Set(v string) error {
+	if l.replace {
+		l.vals, l.replace = nil, false
+	}
+	l.vals = append(l.vals, v)
+	return nil
+}
+
+// newSource makes the next Set of every list flag of fs start a new list.
+func newSource(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if l, ok := f.Value.(*listFlag); ok {
+			l.replace = true
+		}
+	})
 }

@@ -28,16 +28,6 @@ import (
 // defaultZMQBind is where serve and record listen when given no endpoint.
 const defaultZMQBind = "tcp://*:5557"
 
-// listFlag is a repeatable string flag.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, " ") }
-
-func (l *listFlag) Set(v string) error {
-	*l = append(*l, v)
-	return nil
-}
-
 // connectSpec is one --zmq-connect value:
 // [pod=]ENDPOINT[,replay=ENDPOINT][,name=NAME][,model=MODEL].
 type connectSpec struct {
@@ -118,7 +108,7 @@ func (z *zmqFlags) register(fs *flag.FlagSet, withReplay bool) {
 
 // parse validates the flags; errors are usage errors on fs's output.
 func (z *zmqFlags) parse(fs *flag.FlagSet) error {
-	for _, v := range z.connects {
+	for _, v := range z.connects.vals {
 		c, err := parseConnect(v)
 		if err != nil {
 			return usageErrorf(fs, "--zmq-connect %v", err)
@@ -126,7 +116,7 @@ func (z *zmqFlags) parse(fs *flag.FlagSet) error {
 		z.parsedConnects = append(z.parsedConnects, c)
 	}
 	z.parsedReplays = make(map[string]string)
-	for _, v := range z.replays {
+	for _, v := range z.replays.vals {
 		pod, ep, ok := strings.Cut(v, "=")
 		if !ok || pod == "" || ep == "" {
 			return usageErrorf(fs, "--zmq-replay %q: want POD=tcp://IP:PORT", v)
@@ -136,8 +126,8 @@ func (z *zmqFlags) parse(fs *flag.FlagSet) error {
 	if z.endpointsFile != "" && z.endpointsInterval <= 0 {
 		return usageErrorf(fs, "--zmq-endpoints-interval %v: want > 0", z.endpointsInterval)
 	}
-	if len(z.binds) == 0 && len(z.connects) == 0 && z.endpointsFile == "" {
-		z.binds = listFlag{defaultZMQBind}
+	if len(z.binds.vals) == 0 && len(z.connects.vals) == 0 && z.endpointsFile == "" {
+		z.binds.vals = []string{defaultZMQBind}
 	}
 	return nil
 }
@@ -145,7 +135,7 @@ func (z *zmqFlags) parse(fs *flag.FlagSet) error {
 // subscribe binds and connects sub as the flags say and returns the
 // addresses bound.
 func (z *zmqFlags) subscribe(sub *transport.Subscriber) (bound []string, err error) {
-	for _, ep := range z.binds {
+	for _, ep := range z.binds.vals {
 		addr, err := sub.Bind(ep)
 		if err != nil {
 			return bound, err
