@@ -125,29 +125,35 @@ func reportLatency(b *testing.B, d []time.Duration) {
 	b.ReportMetric(float64(d[len(d)*99/100].Nanoseconds()), "p99-ns")
 }
 
+// timeLookups looks up b.N random whole prompts of ix for candidates pods
+// (all when nil), checks that each matches one pod whole, and reports the
+// latency percentiles.
+func timeLookups(b *testing.B, ix *benchIndex, pods []string) {
+	ctx := context.Background()
+	out := make([]store.Match, 0, benchPods)
+	d := make([]time.Duration, b.N)
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]uint64, promptLen)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		q := ix.query(rng, buf)
+		t0 := time.Now()
+		out, _ = ix.s.Lookup(ctx, q, pods, out)
+		d[i] = time.Since(t0)
+		if len(out) != 1 || out[0].Blocks != promptLen {
+			b.Fatalf("Lookup = %+v, want one pod with %d blocks", out, promptLen)
+		}
+	}
+	b.StopTimer()
+	reportLatency(b, d)
+}
+
 // BenchmarkLookup looks up whole prompts: every key is walked.
 func BenchmarkLookup(b *testing.B) {
 	for _, size := range sizes {
 		b.Run(size.name, func(b *testing.B) {
-			ix := index(b, size.blocks, false)
-			ctx := context.Background()
-			out := make([]store.Match, 0, benchPods)
-			d := make([]time.Duration, b.N)
-			rng := rand.New(rand.NewPCG(3, 4))
-			buf := make([]uint64, promptLen)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				q := ix.query(rng, buf)
-				t0 := time.Now()
-				out, _ = ix.s.Lookup(ctx, q, nil, out)
-				d[i] = time.Since(t0)
-				if len(out) != 1 || out[0].Blocks != promptLen {
-					b.Fatalf("Lookup = %+v, want one pod with %d blocks", out, promptLen)
-				}
-			}
-			b.StopTimer()
-			reportLatency(b, d)
+			timeLookups(b, index(b, size.blocks, false), nil)
 		})
 	}
 }
@@ -182,43 +188,13 @@ func BenchmarkLookupNearCapacity(b *testing.B) {
 	}
 	fill(b, s, blocks)
 	runtime.GC()
-	ix := &benchIndex{s: s, prompts: blocks / promptLen}
-	ctx := context.Background()
-	out := make([]store.Match, 0, benchPods)
-	d := make([]time.Duration, b.N)
-	rng := rand.New(rand.NewPCG(3, 4))
-	buf := make([]uint64, promptLen)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		q := ix.query(rng, buf)
-		t0 := time.Now()
-		out, _ = ix.s.Lookup(ctx, q, nil, out)
-		d[i] = time.Since(t0)
-	}
-	b.StopTimer()
-	reportLatency(b, d)
+	timeLookups(b, &benchIndex{s: s, prompts: blocks / promptLen}, nil)
 }
 
 // BenchmarkLookupFiltered is BenchmarkLookup/1M with all 100 pods named as
 // candidates.
 func BenchmarkLookupFiltered(b *testing.B) {
-	ix := index(b, 1<<20, false)
-	ctx := context.Background()
-	out := make([]store.Match, 0, benchPods)
-	d := make([]time.Duration, b.N)
-	rng := rand.New(rand.NewPCG(3, 4))
-	buf := make([]uint64, promptLen)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		q := ix.query(rng, buf)
-		t0 := time.Now()
-		out, _ = ix.s.Lookup(ctx, q, podNames, out)
-		d[i] = time.Since(t0)
-	}
-	b.StopTimer()
-	reportLatency(b, d)
+	timeLookups(b, index(b, 1<<20, false), podNames)
 }
 
 // BenchmarkLookupMapBaseline walks the same queries through a plain
