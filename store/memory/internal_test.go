@@ -99,6 +99,7 @@ func TestLookupAges(t *testing.T) {
 	for i := range s.shards {
 		s.shards[i].pressure.Store(true)
 	}
+	s.pressured.Store(int32(len(s.shards)))
 	if _, err := s.Lookup(ctx, keys, nil, nil); err != nil {
 		t.Fatal(err)
 	}

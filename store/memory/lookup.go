@@ -102,6 +102,9 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 		return out
 	}
 
+	// Ages matter only to eviction: while no shard is near its capacity,
+	// matched blocks need not be marked at all.
+	ages := s.pressured.Load() > 0
 	i := 0 // the key being walked
 	for chunk := firstChunk; i < len(keys); chunk = min(2*chunk, maxChunk) {
 		n := min(chunk, len(keys)-i)
@@ -123,7 +126,9 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 			if len(alive) == 0 {
 				return out
 			}
-			s.reference(sc, 0)
+			if ages {
+				s.reference(sc, 0)
+			}
 			x, i = 1, 1
 		}
 		// Several pods still in the race: the shared start of a prompt.
@@ -160,7 +165,9 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 					return out
 				}
 			}
-			s.reference(sc, x)
+			if ages {
+				s.reference(sc, x)
+			}
 		}
 		// One pod left, the common case after the first keys of a prompt.
 		if len(alive) == 1 && x < n {
@@ -183,7 +190,7 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 					return stop(i)
 				}
 				c.tiers[bits.TrailingZeros64(m)]++
-				if w&ageHigh == 0 {
+				if ages && w&ageHigh == 0 {
 					s.reference(sc, x)
 				}
 			}

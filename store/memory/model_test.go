@@ -80,6 +80,15 @@ func checkInvariants(t testing.TB, s *Store) {
 	t.Helper()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	pressured := 0
+	for si := range s.shards {
+		if s.shards[si].pressure.Load() {
+			pressured++
+		}
+	}
+	if got := s.pressured.Load(); int(got) != pressured {
+		t.Fatalf("%d shards under pressure counted, %d flagged", got, pressured)
+	}
 	for si := range s.shards {
 		sh := &s.shards[si].shard
 		sh.mu.Lock()

@@ -53,6 +53,9 @@ type shard struct {
 	// to date: ages matter only to eviction, and keeping them costs a
 	// locked write per block matched.
 	pressure atomic.Bool
+	// pressured counts the store's shards under pressure, so that a lookup
+	// skips ages altogether while none is (one load, not one a block).
+	pressured *atomic.Int32
 }
 
 // A shard is under pressure from 3/4 of its capacity, so that lookups have
@@ -73,7 +76,8 @@ type paddedShard struct {
 	_ [(256 - unsafe.Sizeof(shard{})%256) % 256]byte
 }
 
-func (sh *shard) init(shardBits uint, capacity int) {
+func (sh *shard) init(shardBits uint, capacity int, pressured *atomic.Int32) {
+	sh.pressured = pressured
 	sh.tbl.Store(newTable(minLines, shardBits))
 	sh.dir.Store(&setDir{})
 	sh.capacity = capacity
@@ -289,6 +293,7 @@ func (sh *shard) gained(id uint16, h uint64) {
 	sh.holdings++
 	if sh.holdings*pressureOnDen >= sh.capacity*pressureOnNum && !sh.pressure.Load() {
 		sh.pressure.Store(true)
+		sh.pressured.Add(1)
 	}
 	sh.count[id]++
 	l := sh.owned[id]
@@ -306,6 +311,7 @@ func (sh *shard) lost(id uint16, compact bool) {
 	sh.holdings--
 	if sh.holdings*pressureOffDen < sh.capacity*pressureOffNum && sh.pressure.Load() {
 		sh.pressure.Store(false)
+		sh.pressured.Add(-1)
 	}
 	sh.count[id]--
 	c := int(sh.count[id])

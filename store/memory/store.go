@@ -34,7 +34,8 @@ type Store struct {
 	capacity  int
 	metrics   *metrics
 
-	evicted atomic.Int64 // holdings evicted to stay within capacity
+	pressured atomic.Int32 // shards under pressure (shard.pressure)
+	evicted   atomic.Int64 // holdings evicted to stay within capacity
 	skipped atomic.Int64 // keys not added for lack of room or pod ids
 
 	mu    sync.RWMutex      // guards the pod table below
@@ -66,7 +67,7 @@ func New(opts Options) (*Store, error) {
 		if i < opts.CapacityBlocks%n {
 			c++
 		}
-		s.shards[i].init(shardBits, c)
+		s.shards[i].init(shardBits, c, &s.pressured)
 	}
 	m, err := newMetrics(opts.Registerer, s)
 	if err != nil {
