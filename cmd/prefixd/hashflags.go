@@ -19,14 +19,28 @@ type hashFlags struct {
 	parsed blockhash.Scheme // set by hasher
 }
 
+// register adds the flags of commands that hash one prompt (hash, query).
 func (h *hashFlags) register(fs *flag.FlagSet) {
+	h.registerScheme(fs)
+	fs.StringVar(&h.model, "model", "", "served model name (default: a chat request's \"model\")")
+	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets")
+	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none)")
+}
+
+// registerIndex adds the hash flags of commands that build an index
+// (replay, serve), where they describe the fleet's engines. Queries carry
+// their own cache salt.
+func (h *hashFlags) registerIndex(fs *flag.FlagSet) {
+	h.registerScheme(fs)
+	fs.StringVar(&h.model, "model", "", "served model of publishers whose topic names none (kv@<pod>@<model> topics name their own)")
+	fs.StringVar(&h.lora, "lora", "", "a LoRA adapter served on that model, known before events name it (events' lora_name teach the rest)")
+}
+
+func (h *hashFlags) registerScheme(fs *flag.FlagSet) {
 	fs.StringVar(&h.scheme, "hash-scheme", "llmd", "block hash chain: "+blockhash.SchemeNames)
 	fs.StringVar(&h.seed, "hash-seed", "", "the engine's hash seed: the sim's --hash-seed, vLLM's PYTHONHASHSEED\n"+
 		"(default \"\"; for vllm-sha256-cbor \""+blockhash.VLLMDefaultSeed+"\", vLLM's seed when PYTHONHASHSEED is unset)")
-	fs.StringVar(&h.model, "model", "", "served model name (default: a chat request's \"model\")")
 	fs.IntVar(&h.blockSize, "block-size", 16, "the engine's tokens per block")
-	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets")
-	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none)")
 }
 
 // hasher validates the parsed flags of fs and builds their Hasher. Errors

@@ -22,7 +22,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		keyMode = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
 		query   = fs.String("query", "", "JSONL file of queries, each an object with a \"request\" field holding an OpenAI chat body, or a bare chat body")
 	)
-	hf.register(fs)
+	hf.registerIndex(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *query == "" {
 		return nil
 	}
-	return answerQueries(ctx, ix, *query, hf.cacheSalt, stdout)
+	return answerQueries(ctx, ix, *query, stdout)
 }
 
 // modelOptions turns the hash flags into the options of the model they
@@ -113,7 +113,7 @@ func newQueryAnswer(res *indexer.Result) queryAnswer {
 }
 
 // answerQueries answers each line of a JSONL file of chat requests.
-func answerQueries(ctx context.Context, ix *indexer.Indexer, path, cacheSalt string, stdout io.Writer) error {
+func answerQueries(ctx context.Context, ix *indexer.Indexer, path string, stdout io.Writer) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -134,7 +134,11 @@ func answerQueries(ctx context.Context, ix *indexer.Indexer, path, cacheSalt str
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", path, line, err)
 		}
-		res, err := ix.Match(ctx, &indexer.Query{Model: req.Model, CacheSalt: cacheSalt, Messages: req.Messages})
+		var salt struct {
+			CacheSalt string `json:"cache_salt"`
+		}
+		_ = json.Unmarshal(body, &salt) // a bare messages array has none
+		res, err := ix.Match(ctx, &indexer.Query{Model: req.Model, CacheSalt: salt.CacheSalt, Messages: req.Messages})
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", path, line, err)
 		}

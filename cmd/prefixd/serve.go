@@ -175,7 +175,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lf.register(fs)
 	limits := rpc.DefaultLimits()
 	limits.AddFlags(fs)
-	hf.register(fs)
+	hf.registerIndex(fs)
 	zf.register(fs, true)
 	so.AddFlags(fs)
 	fs.String("config", "", "YAML file of flag values (flag names as keys, lists for repeatable flags) and per-model\nhash settings under models:; the environment and the command line override it")
