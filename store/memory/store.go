@@ -36,7 +36,7 @@ type Store struct {
 
 	pressured atomic.Int32 // shards under pressure (shard.pressure)
 	evicted   atomic.Int64 // holdings evicted to stay within capacity
-	skipped atomic.Int64 // keys not added for lack of room or pod ids
+	skipped   atomic.Int64 // keys not added for lack of room or pod ids
 
 	mu    sync.RWMutex      // guards the pod table below
 	ids   map[string]uint16 // live pods by name
