@@ -19,8 +19,11 @@ build:
 deps:
 	bash scripts/test-deps.sh
 
-# test runs every test with the race detector, then each fuzz target briefly.
+# test checks formatting and vet, runs every test with the race detector,
+# then each fuzz target briefly.
 test:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+		if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
