@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,31 +22,24 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
+// writeFirstRequest writes the body of recording a's first chat request to
+// a file of its own, one line, as --chat and replay --query read it.
+func writeFirstRequest(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "chat.json")
+	body := fixture.Requests(t, "a_array_random_seedless")[0].Body
+	if err := os.WriteFile(path, append(body, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // firstRecorded returns the first chat request of recording a, written to a
 // file, and the block hashes of the first BlockStored it caused.
 func firstRecorded(t *testing.T) (chatFile string, want []uint64) {
 	t.Helper()
 	dir := fixture.Path(t, "a_array_random_seedless")
-	f, err := os.Open(filepath.Join(dir, "requests.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	if !sc.Scan() {
-		t.Fatal("empty requests.jsonl")
-	}
-	var rq struct {
-		Request json.RawMessage `json:"request"`
-	}
-	if err := json.Unmarshal(sc.Bytes(), &rq); err != nil {
-		t.Fatal(err)
-	}
-	chatFile = filepath.Join(t.TempDir(), "chat.json")
-	if err := os.WriteFile(chatFile, rq.Request, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	chatFile = writeFirstRequest(t)
 	// That request's prompt was the first stored: batch 0, event 0.
 	ev, err := os.ReadFile(filepath.Join(dir, "events.decoded.jsonl"))
 	if err != nil {

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,33 +58,12 @@ func serveRecording(t *testing.T, events string) string {
 	return lis.Addr().String()
 }
 
-// firstRequestLine writes the first line of recording a's requests.jsonl
-// to a file of its own.
-func firstRequestLine(t *testing.T, dir string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "requests.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	if !sc.Scan() {
-		t.Fatal("empty requests.jsonl")
-	}
-	path := filepath.Join(t.TempDir(), "first.jsonl")
-	if err := os.WriteFile(path, append(sc.Bytes(), '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // query --json prints exactly what replay --query prints for the same
 // request, answered by a server over the same recording.
 func TestQueryEqualsReplay(t *testing.T) {
 	dir := fixture.Path(t, "a_array_random_seedless")
 	events := filepath.Join(dir, "events.jsonl")
-	first := firstRequestLine(t, dir)
+	first := writeFirstRequest(t)
 	code, want, errOut := runCmd(t, "replay", events, "--query", first)
 	if code != 0 {
 		t.Fatalf("replay: exit %d: %s", code, errOut)
