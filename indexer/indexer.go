@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/store"
 )
@@ -48,6 +50,9 @@ type pod struct {
 	keys map[uint64]ownKey
 	// scratch reused across events.
 	buf []uint64
+	// events counts the pod's events by Kind, resolved once rather than
+	// by label on every event.
+	events [events.KindAllBlocksCleared + 1]prometheus.Counter
 }
 
 type ownKey struct {
@@ -140,6 +145,9 @@ func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
 	defer ix.mu.Unlock()
 	if p = ix.pods[name]; p == nil {
 		p = &pod{name: name, model: m}
+		for k := range p.events {
+			p.events[k] = ix.metrics.events.WithLabelValues(events.Kind(k).String(), name)
+		}
 		ix.pods[name] = p
 		ix.log.Debug("new pod", "pod", name, "model", m.name)
 	}
@@ -179,13 +187,15 @@ func (ix *Indexer) applyBatch(ctx context.Context, p *pod, mode KeyMode, b *even
 		}
 	}
 	if b.Skipped > 0 {
-		ix.metrics.events.WithLabelValues(events.KindUnknown.String(), p.name).Add(float64(b.Skipped))
+		p.events[events.KindUnknown].Add(float64(b.Skipped))
 	}
 	return nil
 }
 
 func (ix *Indexer) applyEvent(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
-	ix.metrics.events.WithLabelValues(e.Kind.String(), p.name).Inc()
+	if int(e.Kind) < len(p.events) {
+		p.events[e.Kind].Inc()
+	}
 	switch e.Kind {
 	case events.KindBlockStored:
 		return ix.stored(ctx, p, mode, e)
