@@ -163,11 +163,9 @@ type fakeReplayer struct {
 	history []transport.Message
 	noTopic bool
 	err     error
-	calls   int
 }
 
 func (f *fakeReplayer) Replay(ctx context.Context, endpoint string, start uint64, fn transport.ReplayFunc) error {
-	f.calls++
 	if f.err != nil {
 		return f.err
 	}
