@@ -38,9 +38,9 @@ const (
 type scratch struct {
 	// Per key of the chunk: the mixed key and its holders word (0 when
 	// absent); and its set, for a word with ovfFlag.
-	hs    [maxChunk]uint64
-	ws    [maxChunk]uint64
-	sets  [maxChunk]*holderSet
+	hs   [maxChunk]uint64
+	ws   [maxChunk]uint64
+	sets [maxChunk]*holderSet
 	// later lists the keys of the chunk whose home line was full and did
 	// not hold them (fetchLater).
 	later [maxChunk]uint8
