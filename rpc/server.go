@@ -81,6 +81,10 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 		// Long-lived workers with grown stacks instead of a goroutine per
 		// call (gRPC still starts one when every worker is busy).
 		grpc.NumStreamWorkers(uint32(2 * runtime.GOMAXPROCS(0))),
+		// Windows of many queries: with gRPC's 64 KiB a connection sent a
+		// WINDOW_UPDATE every few 4 KiB queries (and ran BDP pings).
+		grpc.InitialWindowSize(1 << 20),
+		grpc.InitialConnWindowSize(1 << 22),
 	}
 }
 
