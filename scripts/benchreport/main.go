@@ -45,6 +45,8 @@ var targets = []target{
 	{"#4", "lookup p50, the same with 10M blocks", "BenchmarkLookup/10M", "p50-ns", 1e-3, "µs", true, 25, ""},
 	{"#4", "a plain Go map walk over the same queries, 1M blocks (the issue measured 9 µs on its machine)", "BenchmarkLookupMapBaseline/1M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: calibrates this machine"},
 	{"#4", "a plain Go map walk, 10M blocks (the issue measured 107 µs)", "BenchmarkLookupMapBaseline/10M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: calibrates this machine"},
+	{"#4", "the same queries over a prompt-ordered layout, 1M blocks (one probe a prompt, then a sequential read; no concurrency or removal)", "BenchmarkLookupAdjacentBaseline/1M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: what keeping a prompt's blocks together buys"},
+	{"#4", "the same, 10M blocks", "BenchmarkLookupAdjacentBaseline/10M", "p50-ns", 1e-3, "µs", true, math.Inf(1), "no target: what keeping a prompt's blocks together buys"},
 	{"#4", "store apply, BlockStored + BlockRemoved", "BenchmarkApply/batch=16", "blocks/s", 1e-6, "M blocks/s", false, 3, ""},
 	{"#4", "memory per block, 10M blocks with one holder", "BenchmarkMemory/10M", "heapinuse-B/block", 1, "bytes/block", true, 40, ""},
 	{"#4", "indexer apply (hash check + store), engine keys", "BenchmarkApply/engine", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target: the whole apply path"},

@@ -230,6 +230,104 @@ func BenchmarkLookupMapBaseline(b *testing.B) {
 	}
 }
 
+// adjacentIndex is the same blocks laid out by prompt: an array of (key,
+// pod) records in the order prompts were added, and an open-addressing
+// table from key to record. A walk checks the record after the last one
+// matched before it probes the table, so a prompt held whole costs one
+// probe and a sequential read. It has no concurrency, removal or eviction:
+// it only measures what keeping a prompt's blocks together buys on this
+// machine, against the store's one probe per key.
+type adjacentIndex struct {
+	recs []adjacentRec
+	slot []uint64 // 1 + record index, 0 for empty
+	mask uint64
+}
+
+type adjacentRec struct {
+	key uint64
+	pod uint64
+}
+
+func newAdjacentIndex(blocks int) *adjacentIndex {
+	n := uint64(1)
+	for n*6 < uint64(blocks)*10 {
+		n <<= 1
+	}
+	ix := &adjacentIndex{recs: make([]adjacentRec, 0, blocks), slot: make([]uint64, n), mask: n - 1}
+	buf := make([]uint64, promptLen)
+	for p := range blocks / promptLen {
+		for _, k := range promptKeys(buf, p) {
+			ix.recs = append(ix.recs, adjacentRec{k, uint64(p % benchPods)})
+			j := splitmix(k) & ix.mask
+			for ix.slot[j] != 0 {
+				j = (j + 1) & ix.mask
+			}
+			ix.slot[j] = uint64(len(ix.recs))
+		}
+	}
+	return ix
+}
+
+func (ix *adjacentIndex) find(k uint64) (int, bool) {
+	for j := splitmix(k) & ix.mask; ix.slot[j] != 0; j = (j + 1) & ix.mask {
+		if r := int(ix.slot[j] - 1); ix.recs[r].key == k {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
+// walk returns how many leading keys of q the pod of q[0] holds.
+func (ix *adjacentIndex) walk(q []uint64) int {
+	r, ok := ix.find(q[0])
+	if !ok {
+		return 0
+	}
+	pod := ix.recs[r].pod
+	n := 1
+	for _, k := range q[1:] {
+		if r+1 < len(ix.recs) && ix.recs[r+1].key == k {
+			r++
+		} else if r, ok = ix.find(k); !ok {
+			break
+		}
+		if ix.recs[r].pod != pod {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// BenchmarkLookupAdjacentBaseline walks the same queries through
+// adjacentIndex: the floor of an index that keeps a prompt's blocks
+// together, where the store and the map pay a cache miss a key.
+func BenchmarkLookupAdjacentBaseline(b *testing.B) {
+	for _, size := range sizes {
+		b.Run(size.name, func(b *testing.B) {
+			ix := newAdjacentIndex(size.blocks)
+			runtime.GC()
+			d := make([]time.Duration, b.N)
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, promptLen)
+			prompts := size.blocks / promptLen
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				q := promptKeys(buf, rng.IntN(prompts))
+				t0 := time.Now()
+				n := ix.walk(q)
+				d[i] = time.Since(t0)
+				if n != promptLen {
+					b.Fatalf("walked %d blocks, want %d", n, promptLen)
+				}
+			}
+			b.StopTimer()
+			reportLatency(b, d)
+		})
+	}
+}
+
 // BenchmarkApply adds and removes blocks at a steady size of 1Mi blocks:
 // each op stores batch new blocks for a pod and removes the batch stored
 // benchApplyN/batch ops earlier, as BlockStored and BlockRemoved do.
