@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -333,6 +334,7 @@ func (ix *Indexer) Reset(ctx context.Context, podName string) error {
 	if p == nil {
 		return nil
 	}
+	ix.dropPending(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.hasSeq = false
@@ -340,35 +342,58 @@ func (ix *Indexer) Reset(ctx context.Context, podName string) error {
 	return ix.clear(ctx, p)
 }
 
-// RemovePod forgets a pod that left the fleet, with all its blocks.
+// RemovePod forgets a pod that left the fleet, with all its blocks (in
+// time proportional to them) and its series of prefixd_events_total and
+// prefixd_pod_stale. A later batch of the same name starts a new pod.
 func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
 	ix.mu.Lock()
 	p := ix.pods[podName]
 	delete(ix.pods, podName)
+	if p != nil {
+		// Under ix.mu, so that SetStale cannot set the gauge again once
+		// it is deleted.
+		for k := range p.events {
+			ix.metrics.events.DeleteLabelValues(events.Kind(k).String(), podName)
+		}
+		ix.metrics.stale.DeleteLabelValues(podName)
+	}
 	ix.mu.Unlock()
 	if p == nil {
 		return nil
 	}
+	ix.dropPending(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ix.metrics.clears.WithLabelValues("removed").Inc()
 	return ix.clear(ctx, p)
 }
 
+// dropPending drops the batches of pod p held while its model's key mode
+// is undecided: applied once it is decided, they would add back blocks
+// that a reset or a removal cleared.
+func (ix *Indexer) dropPending(p *pod) {
+	m := p.model
+	m.mu.Lock()
+	m.pending = slices.DeleteFunc(m.pending, func(pb pendingBatch) bool { return pb.pod == p })
+	m.mu.Unlock()
+}
+
 // SetStale marks a pod as stale (its events are known to be incomplete) or
 // consistent again.
 func (ix *Indexer) SetStale(podName string, stale bool) {
-	ix.mu.RLock()
-	p := ix.pods[podName]
-	ix.mu.RUnlock()
-	if p == nil {
-		return
-	}
-	p.stale.Store(stale)
 	v := 0.0
 	if stale {
 		v = 1
 	}
+	// The gauge is set under ix.mu so that it is not set again for a pod
+	// RemovePod has just forgotten.
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	p := ix.pods[podName]
+	if p == nil {
+		return
+	}
+	p.stale.Store(stale)
 	ix.metrics.stale.WithLabelValues(podName).Set(v)
 }
 

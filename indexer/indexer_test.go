@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixd/prefixd/events"
@@ -288,5 +289,97 @@ func TestResetAndStale(t *testing.T) {
 	}
 	if _, ok := f.ix.LastSeq("p:1"); ok {
 		t.Error("reset kept the seq")
+	}
+}
+
+// podSeries counts the series labelled pod=name that reg gathers.
+func podSeries(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "pod" && l.GetValue() == name {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// RemovePod deletes the pod's series of prefixd_events_total and
+// prefixd_pod_stale, and only the pod's: a churning fleet does not grow
+// /metrics.
+func TestRemovePodDeletesItsSeries(t *testing.T) {
+	f := newFleet(t, KeyModeEngine, "")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f.ix.metrics.events, f.ix.metrics.stale)
+	a := tokens(0, 8)
+	for _, pod := range []string{"p:1", "p:2"} {
+		f.send(pod, 0, f.stored(a, 0, 2, events.MediumGPU))
+		f.ix.SetStale(pod, true)
+	}
+	perPod := int(events.KindAllBlocksCleared) + 1 + 1 // events by kind, and stale
+	if n := podSeries(t, reg, "p:1"); n != perPod {
+		t.Fatalf("p:1 has %d series before removal, want %d", n, perPod)
+	}
+	if err := f.ix.RemovePod(context.Background(), "p:1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := podSeries(t, reg, "p:1"); n != 0 {
+		t.Errorf("p:1 has %d series after removal, want 0", n)
+	}
+	if n := podSeries(t, reg, "p:2"); n != perPod {
+		t.Errorf("p:2 has %d series, want %d: removal deleted another pod's", n, perPod)
+	}
+	// Marking a forgotten pod does not bring its gauge back.
+	f.ix.SetStale("p:1", false)
+	if n := podSeries(t, reg, "p:1"); n != 0 {
+		t.Errorf("SetStale of a removed pod made %d series", n)
+	}
+	// The same name coming back is a new pod, counted from zero.
+	f.send("p:1", 0, f.stored(a, 0, 2, events.MediumGPU))
+	if n := testutil.ToFloat64(f.ix.metrics.events.WithLabelValues(events.KindBlockStored.String(), "p:1")); n != 1 {
+		t.Errorf("events of the new p:1: %v, want 1", n)
+	}
+}
+
+// A pod removed while its model's key mode is undecided keeps no blocks
+// from the batches held for the decision.
+func TestRemovePodDropsHeldBatches(t *testing.T) {
+	testClearDropsHeldBatches(t, func(ix *Indexer, pod string) error { return ix.RemovePod(context.Background(), pod) })
+}
+
+// A reset (the engine restarted) clears what the old engine stored,
+// including its batches held while the key mode is undecided.
+func TestResetDropsHeldBatches(t *testing.T) {
+	testClearDropsHeldBatches(t, func(ix *Indexer, pod string) error { return ix.Reset(context.Background(), pod) })
+}
+
+func testClearDropsHeldBatches(t *testing.T, clear func(*Indexer, string) error) {
+	f := newFleet(t, KeyModeAuto, "engine-seed") // mismatches: batches are held
+	a, b := tokens(0, 16), tokens(100, 16)
+	f.send("p:1", 0, f.stored(a, 0, 4, events.MediumGPU))
+	if got := f.ix.KeyMode(testModel); got != KeyModeAuto {
+		t.Fatalf("decided %v after one mismatch", got)
+	}
+	if err := clear(f.ix, "p:1"); err != nil {
+		t.Fatal(err)
+	}
+	f.send("p:2", 0, f.stored(b, 0, 2, events.MediumGPU), f.stored(b, 2, 4, events.MediumGPU))
+	if got := f.ix.KeyMode(testModel); got != KeyModeTokens {
+		t.Fatalf("key mode %v, want tokens", got)
+	}
+	counts := podCounts(t, f.st)
+	if counts["p:1"] != 0 || counts["p:2"] != 4 {
+		t.Errorf("blocks %v, want none of p:1 and 4 of p:2", counts)
+	}
+	if got := f.match(Query{TokenIDs: a}); len(got) != 0 {
+		t.Errorf("cleared pod matched: %+v", got)
 	}
 }
