@@ -53,8 +53,9 @@ type endpointsWatcher struct {
 }
 
 // sync reads the file if it changed and connects, reconnects or
-// disconnects what differs. A file that does not parse changes nothing.
-func (w *endpointsWatcher) sync() error {
+// disconnects what differs; the pods of an endpoint disconnected are
+// removed from the index. A file that does not parse changes nothing.
+func (w *endpointsWatcher) sync(ctx context.Context) error {
 	fi, err := os.Stat(w.path)
 	if err != nil {
 		return err
@@ -79,9 +80,13 @@ func (w *endpointsWatcher) sync() error {
 	w.stamp = stamp
 	for ep := range w.current {
 		if _, ok := want[ep]; !ok {
-			w.sub.Disconnect(ep)
-			w.pipe.RemoveSource(ep)
-			w.log.Info("endpoint removed", "endpoint", ep, "file", w.path)
+			w.sub.Disconnect(ep) // its messages are all queued now
+			pods, err := w.pipe.RemoveSource(ctx, ep)
+			if err != nil {
+				w.log.Warn("endpoint removed; its pods not all removed", "endpoint", ep, "file", w.path, "pods", pods, "err", err)
+				continue
+			}
+			w.log.Info("endpoint removed", "endpoint", ep, "file", w.path, "pods", pods)
 		}
 	}
 	for ep, c := range want {
@@ -110,7 +115,7 @@ func (w *endpointsWatcher) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := w.sync(); err != nil {
+			if err := w.sync(ctx); err != nil {
 				w.log.Warn("endpoints file not applied", "err", err)
 			}
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,7 +27,8 @@ func TestParseEndpoints(t *testing.T) {
 }
 
 // TestServeEndpointsFile connects to a publisher once it is listed in the
-// endpoints file, and disconnects when its line is removed.
+// endpoints file, and disconnects when its line is removed: the pods it
+// published leave the index and /metrics. Listed again, it is taken anew.
 func TestServeEndpointsFile(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
@@ -60,6 +62,36 @@ func TestServeEndpointsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "endpoint removed", s, func() bool { return strings.Contains(s.stderr.String(), "endpoint removed") })
+	if !strings.Contains(s.stderr.String(), `pods="[127.0.0.1:8001 127.0.0.1:8002 127.0.0.1:8003]"`) {
+		t.Errorf("the removal does not name the three pods:\n%s", s.stderr.String())
+	}
+	waitFor(t, "no pods", s, func() bool { pods := servedPods(base); return pods != nil && len(pods) == 0 })
+	if _, metrics := get(base + "/metrics"); !bytes.Contains(metrics, []byte("prefixd_batches_applied_total 34")) ||
+		bytes.Contains(metrics, []byte(`pod="127.0.0.1:800`)) {
+		t.Errorf("/metrics after removal: want 34 batches applied and no series of the pods gone:\n%s", metrics)
+	}
+
+	// Listed again: the same pods start anew from seq 1.
+	if err := os.WriteFile(file, []byte(pubEP+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pub.WaitSubscribed()
+	if n := pub.SendFile(path); n != 34 {
+		t.Fatalf("sent %d, want 34", n)
+	}
+	want := map[string]uint64{"127.0.0.1:8001": 10, "127.0.0.1:8002": 11, "127.0.0.1:8003": 13}
+	waitFor(t, "three pods back at their last seq", s, func() bool {
+		at := 0
+		for _, p := range servedPods(base) {
+			if want[p.Name] == p.Seq && p.Blocks == 64 && !p.Stale {
+				at++
+			}
+		}
+		return at == len(want)
+	})
+	if _, metrics := get(base + "/metrics"); bytes.Contains(metrics, []byte("prefixd_resets_total")) {
+		t.Errorf("pods taken anew were reset: their old seqs were kept")
+	}
 	if code := s.stop(t); code != 0 {
 		t.Fatalf("serve exit %d; stderr:\n%s", code, s.stderr.String())
 	}

@@ -100,7 +100,7 @@ func (z *zmqFlags) register(fs *flag.FlagSet, withReplay bool) {
 	fs.Var(&z.connects, "zmq-connect", connect+"; repeatable")
 	if withReplay {
 		fs.Var(&z.replays, "zmq-replay", "POD=tcp://IP:PORT: the replay endpoint of a pod that connects to a bound SUB\n(the sim's --kv-events-replay-endpoint); repeatable")
-		fs.StringVar(&z.endpointsFile, "zmq-endpoints", "", "file of endpoints to connect to, one --zmq-connect value a line (# comments);\nre-read when it changes: new lines connect, removed lines disconnect")
+		fs.StringVar(&z.endpointsFile, "zmq-endpoints", "", "file of endpoints to connect to, one --zmq-connect value a line (# comments);\nre-read when it changes: new lines connect, removed lines disconnect and their pods leave the index")
 		fs.DurationVar(&z.endpointsInterval, "zmq-endpoints-interval", 2*time.Second, "how often --zmq-endpoints is checked for changes")
 	}
 	fs.StringVar(&z.topic, "zmq-topic", transport.DefaultTopic, "subscription topic prefix (\"\" for vLLM's default empty topic)")
@@ -321,7 +321,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		for _, c := range zf.parsedConnects {
 			w.reserved = append(w.reserved, c.endpoint)
 		}
-		if err := w.sync(); err != nil {
+		if err := w.sync(watchCtx); err != nil {
 			stopHTTP()
 			return fmt.Errorf("--zmq-endpoints: %w", err)
 		}

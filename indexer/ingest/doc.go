@@ -38,6 +38,14 @@
 // Messages that do not decode are counted in
 // prefixd_decode_errors_total{source} and skipped.
 //
+// RemoveSource is for an endpoint that left the fleet: every pod last seen
+// from it is removed from the index with its blocks (indexer.RemovePod),
+// its seq tracking and its per-pod series are forgotten, each worker doing
+// so for its own pods. The source's messages still queued, or arriving
+// later, are dropped and counted in
+// prefixd_ingest_dropped_total{reason="source_removed"} until SetSource
+// takes it again, when its pods start anew.
+//
 // # Caveats
 //
 //   - A replay runs on the worker of the pod that needs it, so the other
@@ -52,4 +60,11 @@
 //   - When Run ends because its context was cancelled, queued messages are
 //     discarded; when the input closes or Close is called, they are applied
 //     first.
+//   - RemoveSource removes a pod by the source it was last seen from: a pod
+//     whose batches reach prefixd from two sources goes with the one that
+//     delivered its last batch. A removed source's name is kept until
+//     SetSource takes it again, so that its late messages are dropped; a
+//     source set again before its old messages left the queue has them
+//     applied to its new pods.
+//     After Run has returned, RemoveSource forgets no pods.
 package ingest

@@ -1,6 +1,10 @@
 package ingest
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Replay results of prefixd_replays_total.
 const (
@@ -15,8 +19,17 @@ const (
 	ReplayUnavailable = "unavailable"
 )
 
+// DropSourceRemoved is the reason of prefixd_ingest_dropped_total for
+// messages of a source removed by RemoveSource and not set again.
+const DropSourceRemoved = "source_removed"
+
 // Metrics are the pipeline's Prometheus metrics.
+//
+// prefixd_ingest_dropped_total{reason,source} is shared with the
+// transport package's subscriber: whichever registers it first, the other
+// reuses its collector.
 type Metrics struct {
+	dropped      *prometheus.CounterVec // reason, source
 	decodeErrors *prometheus.CounterVec // source
 	resets       *prometheus.CounterVec // pod
 	gaps         *prometheus.CounterVec // pod
@@ -30,6 +43,10 @@ type Metrics struct {
 // nil (tests).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_ingest_dropped_total",
+			Help: "Messages dropped on ingest, by reason and source.", // as the transport package's
+		}, []string{"reason", "source"}),
 		decodeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_decode_errors_total",
 			Help: "Messages dropped because they did not decode as KV event batches, by source.",
@@ -62,6 +79,34 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.batches, m.lag)
+		m.dropped = register(reg, m.dropped)
 	}
 	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name and labels. Any other registration error is a programming error
+// and panics, as MustRegister does.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	panic(err)
+}
+
+// forgetPod deletes the series of a pod that left the fleet.
+func (m *Metrics) forgetPod(pod string) {
+	m.resets.DeleteLabelValues(pod)
+	m.gaps.DeleteLabelValues(pod)
+	m.applyErrors.DeleteLabelValues(pod)
+	for _, result := range [...]string{ReplayOK, ReplayIncomplete, ReplayError, ReplayUnavailable} {
+		m.replays.DeleteLabelValues(pod, result)
+	}
 }

@@ -3,9 +3,11 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -41,11 +43,15 @@ type Pipeline struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed when Run has returned
 
-	mu      sync.Mutex // protects started
+	mu      sync.Mutex // protects started and workers
 	started bool
+	workers []*worker // set by Run
 
-	srcMu   sync.RWMutex // protects sources
+	srcMu   sync.RWMutex // protects sources and gone
 	sources map[string]Source
+	// gone holds the sources removed by RemoveSource and not set again:
+	// their messages are dropped.
+	gone map[string]struct{}
 
 	// applied and appliedEvents count the batches and events applied.
 	applied, appliedEvents atomic.Uint64
@@ -80,6 +86,7 @@ func New(ix *indexer.Indexer, rp Replayer, opts Options, m *Metrics) (*Pipeline,
 		done: make(chan struct{}),
 
 		sources: maps.Collect(maps.All(opts.Sources)), // never nil, unlike a clone of nil
+		gone:    make(map[string]struct{}),
 	}, nil
 }
 
@@ -94,17 +101,19 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan transport.Message) error {
 		return ErrRunning
 	}
 	p.started = true
+	workers := make([]*worker, p.opts.Workers)
+	for i := range workers {
+		workers[i] = &worker{
+			p: p, in: make(chan transport.Message, p.opts.WorkerQueue), ctl: make(chan func()), done: make(chan struct{}),
+			pods: make(map[string]*podState), byTopic: make(map[string][]*podState), bySource: make(map[string][]*podState),
+		}
+	}
+	p.workers = workers
 	p.mu.Unlock()
 	defer close(p.done)
 
-	workers := make([]*worker, p.opts.Workers)
 	var wg sync.WaitGroup
-	for i := range workers {
-		w := &worker{
-			p: p, in: make(chan transport.Message, p.opts.WorkerQueue),
-			pods: make(map[string]*podState), byTopic: make(map[string][]*podState), bySource: make(map[string][]*podState),
-		}
-		workers[i] = w
+	for _, w := range workers {
 		wg.Go(func() { w.run(ctx) })
 	}
 	defer func() {
@@ -169,46 +178,104 @@ func (p *Pipeline) route(m *transport.Message) int {
 	if pod, _, ok := events.ParseTopic(topic); ok {
 		h = maphash.Bytes(p.seed, pod)
 	} else {
-		h = maphash.String(p.seed, p.source(m).Pod)
+		src, _ := p.source(m)
+		h = maphash.String(p.seed, src.Pod)
 	}
 	return int(h % uint64(p.opts.Workers))
 }
 
-// source names the pod and model of a message whose topic names none.
-func (p *Pipeline) source(m *transport.Message) indexer.Source {
+// source names the pod and model of a message whose topic names none. ok
+// is false when the message's source was removed (RemoveSource).
+func (p *Pipeline) source(m *transport.Message) (src indexer.Source, ok bool) {
 	p.srcMu.RLock()
-	s, ok := p.sources[m.Source]
+	s, known := p.sources[m.Source]
+	_, gone := p.gone[m.Source]
 	p.srcMu.RUnlock()
-	if ok {
-		src := indexer.Source{Pod: s.Name, Model: s.Model}
+	if known {
+		src = indexer.Source{Pod: s.Name, Model: s.Model}
 		if src.Pod == "" {
 			src.Pod = m.Source
 		}
 		if src.Model == "" {
 			src.Model = p.opts.DefaultModel
 		}
-		return src
+		return src, !gone
 	}
-	src := indexer.Source{Pod: m.Peer, Model: p.opts.DefaultModel}
+	src = indexer.Source{Pod: m.Peer, Model: p.opts.DefaultModel}
 	if src.Pod == "" {
 		src.Pod = m.Source
 	}
-	return src
+	return src, !gone
 }
 
 // SetSource sets the settings of messages from source (an endpoint
-// connected to), as Options.Sources does, while the pipeline runs.
+// connected to), as Options.Sources does, while the pipeline runs. A source
+// removed by RemoveSource is taken again.
 func (p *Pipeline) SetSource(source string, s Source) {
 	p.srcMu.Lock()
 	p.sources[source] = s
+	delete(p.gone, source)
 	p.srcMu.Unlock()
 }
 
-// RemoveSource forgets the settings of source.
-func (p *Pipeline) RemoveSource(source string) {
+// RemoveSource forgets source, an endpoint that left the fleet, and every
+// pod last seen from it: the pod's blocks (indexer.RemovePod), its seq
+// tracking and its series of the pipeline's metrics. It returns the names
+// of the pods removed, sorted.
+//
+// Call it once the subscriber receives nothing more from source
+// (transport.Subscriber.Disconnect). Messages of source still queued, or
+// handled later, are dropped and counted in
+// prefixd_ingest_dropped_total{reason="source_removed"} until SetSource
+// takes source again, so they cannot bring a removed pod back.
+//
+// It waits until every worker has forgotten its pods of source, or Run has
+// returned, or ctx is done: it then returns ctx's error, and pods not yet
+// forgotten stay until another call. Before Run there is nothing to forget.
+func (p *Pipeline) RemoveSource(ctx context.Context, source string) ([]string, error) {
 	p.srcMu.Lock()
 	delete(p.sources, source)
+	p.gone[source] = struct{}{}
 	p.srcMu.Unlock()
+
+	p.mu.Lock()
+	workers := p.workers
+	p.mu.Unlock()
+	if len(workers) == 0 {
+		return nil, nil // Run has not started: no pod was seen
+	}
+	// A removal a worker has taken runs to its end whatever ctx does: a pod
+	// half removed would leave blocks no pod owns.
+	rctx := context.WithoutCancel(ctx)
+	results := make(chan removal, len(workers)) // never blocks a worker
+	sent := 0
+	for _, w := range workers {
+		select {
+		case w.ctl <- func() { results <- w.removeSource(rctx, source) }:
+			sent++
+		case <-w.done: // Run has returned: nothing applies to its pods any more
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ingest: remove source %s: %w", source, ctx.Err())
+		}
+	}
+	var (
+		pods []string
+		errs []error
+	)
+	for range sent {
+		select {
+		case r := <-results:
+			pods = append(pods, r.pods...)
+			errs = append(errs, r.err)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ingest: remove source %s: %w", source, ctx.Err())
+		}
+	}
+	slices.Sort(pods)
+	if err := errors.Join(errs...); err != nil {
+		return pods, fmt.Errorf("ingest: remove source %s: %w", source, err)
+	}
+	return pods, nil
 }
 
 // replayEndpoint returns the replay endpoint of a pod, or "".

@@ -3,6 +3,8 @@ package ingest
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prefixd/prefixd/events"
@@ -13,8 +15,12 @@ import (
 // worker applies the batches of the pods that route to it. Everything in
 // it is owned by its goroutine.
 type worker struct {
-	p    *Pipeline
-	in   chan transport.Message
+	p  *Pipeline
+	in chan transport.Message
+	// ctl carries functions to run between messages, on the worker's
+	// goroutine, so they may use its state (RemoveSource).
+	ctl  chan func()
+	done chan struct{}        // closed when run returns
 	pods map[string]*podState // by pod name
 	// byTopic and bySource find a pod's state without building its name:
 	// by topic for kv@ topics, by source name otherwise, then by rank.
@@ -26,30 +32,47 @@ type worker struct {
 
 // podState is what a worker tracks of one pod.
 type podState struct {
-	name  string
-	last  uint64 // seq of the last batch applied
-	known bool   // a batch was applied since the pod was seen or reset
+	name   string
+	source string // transport.Message.Source of the pod's last message
+	last   uint64 // seq of the last batch applied
+	known  bool   // a batch was applied since the pod was seen or reset
 }
 
+// run handles the messages of w.in, and runs the functions of w.ctl
+// between them, until w.in is closed.
 func (w *worker) run(ctx context.Context) {
-	for m := range w.in {
-		if ctx.Err() != nil {
-			continue // shutting down: drain without applying
+	defer close(w.done)
+	for {
+		select {
+		case m, ok := <-w.in:
+			if !ok {
+				return
+			}
+			if ctx.Err() != nil {
+				continue // shutting down: drain without applying
+			}
+			w.handle(ctx, &m)
+		case f := <-w.ctl:
+			f()
 		}
-		w.handle(ctx, &m)
 	}
 }
 
 func (w *worker) handle(ctx context.Context, m *transport.Message) {
 	p := w.p
+	src, ok := p.source(m)
+	if !ok {
+		p.m.dropped.WithLabelValues(DropSourceRemoved, m.Source).Inc()
+		return
+	}
 	b := &w.b
 	if err := events.DecodeFrames(m.Frames, b); err != nil {
 		p.m.decodeErrors.WithLabelValues(m.Source).Inc()
 		p.log.Debug("kv event message dropped: does not decode", "source", m.Source, "peer", m.Peer, "err", err)
 		return
 	}
-	src := p.source(m)
 	st := w.pod(b, src)
+	st.source = m.Source
 	name := st.name
 	switch {
 	case !st.known:
@@ -75,6 +98,58 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 		w.repair(ctx, m, b, src, name, st, st.last+1)
 	default:
 		w.apply(ctx, b, src, name, st)
+	}
+}
+
+// removal is what one worker removed for RemoveSource.
+type removal struct {
+	pods []string
+	err  error
+}
+
+// removeSource forgets the pods last seen from source: their blocks in the
+// index, their state and their series of the pipeline's metrics.
+func (w *worker) removeSource(ctx context.Context, source string) removal {
+	p := w.p
+	var (
+		r    removal
+		errs []error
+	)
+	for name, st := range w.pods {
+		if st.source != source {
+			continue
+		}
+		delete(w.pods, name)
+		if err := p.ix.RemovePod(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", name, err))
+		}
+		p.m.forgetPod(name)
+		r.pods = append(r.pods, name)
+	}
+	if len(r.pods) > 0 {
+		sweep(w.byTopic, w.pods)
+		sweep(w.bySource, w.pods)
+	}
+	r.err = errors.Join(errs...)
+	return r
+}
+
+// sweep takes out of a rank cache the states that pods no longer holds.
+func sweep(cache map[string][]*podState, pods map[string]*podState) {
+	for key, ranks := range cache {
+		live := false
+		for i, st := range ranks {
+			switch {
+			case st == nil:
+			case pods[st.name] != st:
+				ranks[i] = nil
+			default:
+				live = true
+			}
+		}
+		if !live {
+			delete(cache, key)
+		}
 	}
 }
 
