@@ -158,6 +158,34 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
+// BenchmarkLookupPieces is BenchmarkLookup/1M with prompts stored in
+// pieces of 16 blocks (as chunked prefill stores them) or of one block
+// (as decoding does), the pieces of different prompts interleaved, so that
+// a prompt's records are not together.
+func BenchmarkLookupPieces(b *testing.B) {
+	for _, piece := range []int{16, 1} {
+		b.Run(fmt.Sprintf("piece=%d", piece), func(b *testing.B) {
+			const blocks = 1 << 20
+			s, err := memory.New(memory.Options{CapacityBlocks: 2 * blocks})
+			if err != nil {
+				b.Fatal(err)
+			}
+			prompts := blocks / promptLen
+			buf := make([]uint64, promptLen)
+			for at := 0; at < promptLen; at += piece {
+				for p := range prompts {
+					keys := promptKeys(buf, p)[at : at+piece]
+					if err := s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, keys); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			runtime.GC()
+			timeLookups(b, &benchIndex{s: s, prompts: prompts}, nil)
+		})
+	}
+}
+
 // BenchmarkLookupCached looks up one prompt over and over: everything it
 // touches is in cache, so this is the lookup's own cost.
 func BenchmarkLookupCached(b *testing.B) {

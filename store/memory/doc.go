@@ -8,21 +8,33 @@
 //	err = s.Add(ctx, "10.0.0.7:8000", store.TierGPU, keys)
 //	matches, err := s.Lookup(ctx, queryKeys, nil, matches)
 //
-// The index is split into a power-of-two number of shards by the high bits
-// of each (mixed) key. A shard is an open-addressing table of 16-byte
-// slots, a key and a holders word, four to a cache line, kept in key order
-// (ordered linear probing, no tombstones). The holders word keeps up to
-// four holders inline, each a 12-bit pod id and a tier mask; blocks held by
-// more pods point to an immutable set. Pods are interned to those ids;
-// there is no string, pointer or list node per entry.
+// Each block is a 16-byte record in an arena: its (mixed) key and a
+// holders word. The holders word keeps up to four holders inline, each a
+// 12-bit pod id and a tier mask; blocks held by more pods point to an
+// immutable set. Pods are interned to those ids; there is no string,
+// pointer or list node per entry. The keys of one Add get consecutive
+// records, so a prompt's blocks lie together in the order lookups walk
+// them. Records live in segments of 4096; a segment left less than 3/4
+// live is compacted (its live records move, in order, to the segment being
+// filled) once a quarter of all records are dead, oldest segment first.
 //
-// Writers take a shard's mutex. Lookups take no lock per key: each shard
-// has a sequence counter (a seqlock) that a lookup reads before and after
-// reading a slot, retrying (and after a few tries, locking) when a writer
-// was there. A lookup reads its keys in chunks: one loop loads every key's
-// home line, so that their cache misses overlap, a second finds the keys
-// without branching on where they are, and a third follows the candidate
-// pods and stops as soon as none still matches. It allocates nothing.
+// The index is split into a power-of-two number of shards by the high bits
+// of each key. A shard's index is an open-addressing table of 8-byte
+// entries, a 32-bit fraction of the key and the record's location, eight
+// to a cache line, kept in fraction order (ordered linear probing, no
+// tombstones); the key itself is read from the record.
+//
+// Writers take a shard's mutex, for the index and for the records of its
+// keys. Lookups take no lock per key. A lookup first reads the record
+// after the last one it matched: a record holds one key for the life of
+// its segment, so one with the key sought and a live word is the answer.
+// Otherwise it asks the index, under the shard's sequence counter (a
+// seqlock) that it reads before and after, retrying (and after a few tries,
+// locking) when a writer was there. A prompt stored whole costs one probe
+// of the index and a sequential read of its records; a prompt stored in
+// many pieces is probed a chunk at a time in passes whose cache misses
+// overlap. The walk follows the candidate pods and stops as soon as none
+// still matches. It allocates nothing.
 //
 // Each shard also keeps, per pod, the keys it holds there (as 32-bit
 // fractions of the key), so that ClearPod costs the pod's own blocks plus
@@ -41,9 +53,10 @@
 // are counted in prefixd_store_evicted_blocks_total.
 //
 // Memory, measured by BenchmarkMemory as the heap in use after storing 10M
-// blocks with one holder each: about 33 bytes a block (tables 56% to 70%
-// full at 16 bytes a slot, plus 4 bytes and some slack per holder in the
-// ownership lists).
+// blocks with one holder each: about 37 bytes a block (a 16-byte record,
+// index tables 56% to 70% full at 8 bytes an entry, plus 4 bytes and some
+// slack per holder in the ownership lists). Under churn, dead records wait
+// for compaction: about a quarter of the records at most, plus a segment.
 //
 // # Caveats
 //
@@ -56,6 +69,8 @@
 //   - A lookup sees each key as it was at some instant, not the whole
 //     query at one instant. A block held by more pods than a shard's
 //     capacity cannot be stored whole; Add skips and counts such keys.
+//   - A lookup reads each record whole, but a compaction that moves a
+//     record it is about to read sends it to the index for that key.
 //   - Every operation holds a store-wide RWMutex for reading. Interning a
 //     new pod and ClearPod take it for writing briefly, so a ClearPod
 //     waits for the Adds in flight and delays the lookups behind it.

@@ -76,11 +76,11 @@ func TestLookupAges(t *testing.T) {
 	}
 	age := func(k uint64) uint64 {
 		h := mix(k)
-		_, w, ok := s.shard(h).tbl.Load().find(h)
+		_, r, ok := s.shard(h).tbl.Load().find(&s.arena, h)
 		if !ok {
 			t.Fatalf("key %d not found", k)
 		}
-		return w & ageMask >> ageShift
+		return r.w & ageMask >> ageShift
 	}
 	for _, k := range keys {
 		if a := age(k); a != 1 {
@@ -121,7 +121,7 @@ func TestShrink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := make([]uint64, 20000)
+	keys := make([]uint64, 60000)
 	for i := range keys {
 		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
@@ -132,7 +132,7 @@ func TestShrink(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := s.Stats().Bytes
-	if n, err := s.Remove(ctx, "a", store.TierGPU, keys[:16000]); err != nil || n != 16000 {
+	if n, err := s.Remove(ctx, "a", store.TierGPU, keys[:48000]); err != nil || n != 48000 {
 		t.Fatalf("Remove = %d, %v", n, err)
 	}
 	checkInvariants(t, s)
@@ -226,4 +226,191 @@ func TestConcurrentStress(t *testing.T) {
 	if st := s.Stats(); st.Blocks > 1500 {
 		t.Fatalf("stats %+v over capacity", st)
 	}
+}
+
+// TestCompactionUnderLookups churns blocks around prompts that stay, so
+// that segments go sparse and compaction keeps moving the records of the
+// prompts that stay, while lookups ask for those prompts: every lookup must
+// find them whole, through moved records and the index. Run it with the
+// race detector.
+func TestCompactionUnderLookups(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 8, CapacityBlocks: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const promptLen = 64
+	key := func(p, j int) uint64 { return uint64(p)<<20 | uint64(j) }
+	prompt := func(p int) []uint64 {
+		keys := make([]uint64, promptLen)
+		for j := range keys {
+			keys[j] = key(p, j)
+		}
+		return keys
+	}
+	// Prompts 0-9 stay; each is stored between churned ones, in pieces.
+	stay := make([][]uint64, 10)
+	for p := range stay {
+		stay[p] = prompt(p)
+		for i := 0; i < promptLen; i += 16 {
+			if err := s.Add(ctx, "keep", store.TierGPU, stay[p][i:i+16]); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Add(ctx, "churn", store.TierGPU, prompt(1000+p*4+i/16)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out []store.Match
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				q := stay[(i+r)%len(stay)]
+				var err error
+				if out, err = s.Lookup(ctx, q, nil, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if len(out) != 1 || out[0].Pod != "keep" || out[0].Blocks != promptLen {
+					t.Errorf("lookup of a prompt that stays = %+v", out)
+					return
+				}
+			}
+		}()
+	}
+	where := func(k uint64) *rec {
+		h := mix(k)
+		_, r, ok := s.shard(h).tbl.Load().find(&s.arena, h)
+		if !ok {
+			t.Fatalf("key %#x not found", k)
+		}
+		return r
+	}
+	first := where(stay[0][0])
+	for round := range 300 {
+		p := 2000 + round
+		if err := s.Add(ctx, "churn", store.TierGPU, prompt(p)); err != nil {
+			t.Fatal(err)
+		}
+		if round >= 20 {
+			if _, err := s.Remove(ctx, "churn", store.TierGPU, prompt(p-20)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if round == 0 {
+			// The first churned prompts, stored among those that stay.
+			for q := 1000; q < 1040; q++ {
+				if _, err := s.Remove(ctx, "churn", store.TierGPU, prompt(q)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	close(done)
+	wg.Wait()
+	checkInvariants(t, s)
+	s.arena.mu.Lock()
+	made := int64(s.arena.nums)
+	s.arena.mu.Unlock()
+	if segs := s.arena.segs.Load(); segs >= made || where(stay[0][0]) == first {
+		t.Fatalf("%d segments of %d made are left, and the first prompt's records moved: %v; want compaction to have dropped segments and moved them",
+			segs, made, where(stay[0][0]) != first)
+	}
+}
+
+// TestArenaFull lowers the number of segments an arena may have: keys that
+// find no record are skipped and counted, compaction that finds no room
+// leaves its segment whole, and the store stays consistent.
+func TestArenaFull(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 4, CapacityBlocks: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.arena.maxSegs = 2
+	keys := make([]uint64, 3*segSize)
+	for i := range keys {
+		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Keys >= len(keys) || st.Skipped == 0 || int64(st.Keys)+st.Skipped != int64(len(keys)) {
+		t.Fatalf("stats %+v: want the keys that found no record skipped", st)
+	}
+	checkInvariants(t, s)
+	// Free most records of both segments: compaction has no third segment
+	// to move the rest to, and must leave them where they are.
+	if _, err := s.Remove(ctx, "a", store.TierGPU, keys[100:st.Keys-100]); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, s)
+	out, err := s.Lookup(ctx, keys[:100], nil, nil)
+	if err != nil || len(out) != 1 || out[0].Blocks != 100 {
+		t.Fatalf("Lookup = %+v, %v", out, err)
+	}
+}
+
+// TestFetchFromMovedRecords looks up a prompt from the records it had
+// before compaction moved it, as a lookup that read the old segment just
+// before the move does: the moved words read as dead, and the lookup must
+// find the keys through the index, not call them absent.
+func TestFetchFromMovedRecords(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]uint64, 64)
+	for i := range keys {
+		keys[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+		t.Fatal(err)
+	}
+	filler := make([]uint64, segSize)
+	for i := range filler {
+		filler[i] = uint64(i+1000) * 0xbf58476d1ce4e5b9
+	}
+	if err := s.Add(ctx, "b", store.TierGPU, filler); err != nil {
+		t.Fatal(err)
+	}
+	h := mix(keys[0])
+	_, _, old, off, ok := s.shard(h).get(h)
+	if !ok {
+		t.Fatal("first key not found")
+	}
+	if _, err := s.Remove(ctx, "b", store.TierGPU, filler); err != nil {
+		t.Fatal(err)
+	}
+	for s.compact() {
+	}
+	if _, _, seg, _, _ := s.shard(h).get(h); seg == old {
+		t.Fatal("the prompt's records did not move")
+	}
+	checkInvariants(t, s)
+	sc := new(scratch)
+	sc.seg, sc.off = old, off
+	s.fetch(sc, keys[1:])
+	for x := range keys[1:] {
+		if w := sc.ws[x]; !holdsInline(w, s.ids["a"]) {
+			t.Fatalf("key %d: word %#x from the old records, want pod a's", x+1, w)
+		}
+	}
+}
+
+// holdsInline reports whether inline word w has pod id as a holder.
+func holdsInline(w uint64, id uint16) bool {
+	_, _, ok := inlineFind(w, id)
+	return w&ovfFlag == 0 && ok
 }

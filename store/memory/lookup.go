@@ -6,28 +6,28 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/prefixd/prefixd/store"
 )
 
-// A lookup reads its keys in chunks, in three passes. At millions of
-// blocks nearly every key is a cache miss (and a TLB miss), so the passes
-// are built to overlap the misses: touch loads every key's home line in a
-// tight loop; fetch then finds each key in its line and keeps its holders
-// word, without branching on where it is; no iteration of either depends
-// on another. The walk pass then follows the candidate pods through the
-// fetched words. A key pushed out of its full home line is looked up after
-// the rest of its chunk, with the others like it, so that these second
-// misses overlap too. Chunks start small, so that a query that stops at its
-// first keys does not fetch the rest, and grow to maxChunk.
+// A lookup reads its keys in chunks. The records of keys stored by one
+// Add are consecutive in the arena, so a lookup first checks the record
+// after the last one it matched: a prompt stored in one piece is found
+// with one probe of the index and a sequential read of its records. A key
+// that is not there costs a probe of the index; when that happens more
+// than once in a chunk (a prompt stored in many small pieces), the rest
+// of the chunk is probed in passes built to overlap the cache misses:
+// touch loads each key's home line of the index, a second pass loads the
+// records the lines point to, and a third reads them, now in cache. The
+// walk then follows the candidate pods through the fetched words. Chunks
+// start small, so that a query that stops at its first keys does not fetch
+// the rest, and grow to maxChunk.
 //
-// Measured on the benchmark's shape (512-key prompts, one core): touch
-// cut the median lookup at 10M blocks by about a third, and deferring the
-// keys outside their home line (one in ten, at the tables' 60% load) cut
-// it by another tenth. Slower were: a touch that also loaded the next line
-// of a full home line (its address waits on the first load), a fetch that
-// branched on the matching slot, and one that probed a slot-sized home and
-// the next slot (mispredictions, and keys straddling lines).
+// Measured on the benchmark's shape (512-key prompts stored whole, one
+// core): the median lookup went from 17 µs at 1M blocks and 24 µs at 10M,
+// with a probe a key into tables that held the words, to under 4 µs at
+// both.
 const (
 	firstChunk = 8
 	maxChunk   = 128 // a power of two: x&(maxChunk-1) spares bounds checks
@@ -37,15 +37,19 @@ const (
 // nothing.
 type scratch struct {
 	// Per key of the chunk: the mixed key and its holders word (0 when
-	// absent); and its set, for a word with ovfFlag.
-	hs   [maxChunk]uint64
-	ws   [maxChunk]uint64
-	sets [maxChunk]*holderSet
-	// later lists the keys of the chunk whose home line was full and did
-	// not hold them (fetchLater).
-	later [maxChunk]uint8
+	// absent); its set, for a word with ovfFlag; and its record.
+	hs    [maxChunk]uint64
+	ws    [maxChunk]uint64
+	sets  [maxChunk]*holderSet
+	recs  [maxChunk]*rec
 	nsets int    // sets stored since the last clear
 	sink  uint64 // the sum of touch's loads, so that they stay
+	// seg and off are the record of the last key fetched, or seg is nil.
+	seg *segment
+	off int
+	// scattered is set when the last chunk's records were mostly not
+	// consecutive: the next is fetched through the index at once.
+	scattered bool
 
 	cand  [MaxPods / 64]uint64
 	alive []candidate
@@ -82,6 +86,8 @@ func (s *Store) Lookup(ctx context.Context, keys []uint64, pods []string, out []
 		clear(sc.sets[:])
 		sc.nsets = 0
 	}
+	clear(sc.recs[:]) // keep no segment alive
+	sc.seg, sc.scattered = nil, false
 	scratchPool.Put(sc)
 	return out, nil
 }
@@ -116,7 +122,6 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 	i := 0 // the key being walked
 	for chunk := firstChunk; i < len(keys); chunk = min(2*chunk, maxChunk) {
 		n := min(chunk, len(keys)-i)
-		sc.sink += s.touch(keys[i : i+n])
 		s.fetch(sc, keys[i:i+n])
 		x := 0
 		if i == 0 {
@@ -207,98 +212,176 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 	return stop(len(keys))
 }
 
-// fetch reads the holders of keys (at most maxChunk) into sc: the fast
-// path of shard.get, written out in one loop so that its iterations
-// overlap.
+// fetch reads the holders of keys (at most maxChunk) into sc, each from
+// the record after the last one fetched when it is there, else through
+// the index.
 func (s *Store) fetch(sc *scratch, keys []uint64) {
-	shards, shift, smask := s.shards, s.shift&63, s.shardMask
-	nlater := 0
+	if sc.scattered {
+		// The last chunk was in pieces: so is this one, most likely.
+		for x, k := range keys {
+			sc.hs[x&(maxChunk-1)] = mix(k)
+		}
+		s.fetchIndexed(sc, keys, 0)
+		return
+	}
+	probes := 0
 	for x, k := range keys {
 		x &= maxChunk - 1
 		h := mix(k)
-		sh := &shards[h>>shift&smask]
-		v := sh.seq.Load()
-		t := sh.tbl.Load()
-		// Most keys are in their home line, one cache line. Look at its
-		// four slots without branching on which holds h: such a branch
-		// would be mispredicted about once a key, and a misprediction
-		// throws away the loads the CPU has started for the keys after it.
-		// A deleted slot keeps its stale key, so h may match an empty slot
-		// as well as its own; an empty slot's word is 0 but for a stray
-		// age, so OR-ing the words of the matching slots gives h's word.
-		// h can only be further on if none of the four is empty.
-		hb := t.home(h)
-		ln := (*[lineSlots]slot)(t.s[hb : hb+lineSlots])
-		w0, w1, w2, w3 := atomic.LoadUint64(&ln[0].w), atomic.LoadUint64(&ln[1].w), atomic.LoadUint64(&ln[2].w), atomic.LoadUint64(&ln[3].w)
-		w := w0&eqMask(atomic.LoadUint64(&ln[0].k), h) | w1&eqMask(atomic.LoadUint64(&ln[1].k), h) |
-			w2&eqMask(atomic.LoadUint64(&ln[2].k), h) | w3&eqMask(atomic.LoadUint64(&ln[3].k), h)
-		if empty(w) {
-			w = 0
-			if !empty(w0) && !empty(w1) && !empty(w2) && !empty(w3) {
-				// h may be further on: look for it after the loop, with
-				// the others like it, so that their misses overlap.
-				sc.ws[x], sc.hs[x] = 0, h
-				sc.later[nlater] = uint8(x)
-				nlater++
-				continue
+		sc.hs[x] = h
+		if seg, o := sc.seg, sc.off+1; seg != nil && o < segSize && h != 0 {
+			// A record holds one key for the life of its segment, so a
+			// record of h with a live word is h's, as it is now or was a
+			// moment ago. (Key 0 is left to the index: records never
+			// written read as key 0.) A word with a set is read under the
+			// shard's seqlock, which keeps set and word together.
+			r := &seg.r[o]
+			if atomic.LoadUint64(&r.k) == h {
+				if w := atomic.LoadUint64(&r.w); !empty(w) {
+					if w&ovfFlag == 0 {
+						sc.ws[x], sc.recs[x], sc.off = w, r, o
+						continue
+					}
+					if w, set, ok := s.readSet(r, h); ok {
+						sc.ws[x], sc.recs[x], sc.off = w, r, o
+						sc.sets[x] = set
+						sc.nsets++
+						continue
+					}
+				}
 			}
 		}
-		var set *holderSet
-		if w&ovfFlag != 0 {
-			set = sh.loadSet(w)
-		}
-		if v&1 != 0 || sh.seq.Load() != v || (w&ovfFlag != 0 && set == nil) {
-			// A writer was here: read again, with the lock if need be.
-			var ok bool
-			if w, set, _, ok = sh.get(h); !ok {
-				w = 0
+		if probes++; probes > 1 {
+			// The chunk's keys are in several pieces: probe the rest of
+			// them together.
+			for i := x + 1; i < len(keys); i++ {
+				sc.hs[i&(maxChunk-1)] = mix(keys[i])
 			}
+			s.fetchIndexed(sc, keys[x:], x)
+			return
 		}
-		sc.hs[x], sc.ws[x] = h, w
-		if set != nil {
-			sc.sets[x] = set
-			sc.nsets++
-		}
-	}
-	if nlater > 0 {
-		s.fetchLater(sc, sc.later[:nlater])
+		s.fetchOne(sc, x, h)
 	}
 }
 
-// fetchLater finds the keys of the chunk that fetch did not find in their
-// full home lines: one tight loop loads the next line of each, so that
-// their cache misses overlap, then each is looked up in full.
-func (s *Store) fetchLater(sc *scratch, later []uint8) {
-	for _, x := range later {
-		h := sc.hs[x&(maxChunk-1)]
+// readSet reads the word and set of r, h's record, under the seqlock of
+// h's shard. It reports false when a writer was there or the word has no
+// set any more.
+func (s *Store) readSet(r *rec, h uint64) (uint64, *holderSet, bool) {
+	sh := s.shard(h)
+	v := sh.seq.Load()
+	if v&1 != 0 {
+		return 0, nil, false
+	}
+	w := atomic.LoadUint64(&r.w)
+	if empty(w) || w&ovfFlag == 0 {
+		return 0, nil, false
+	}
+	set := sh.loadSet(w)
+	if set == nil || sh.seq.Load() != v {
+		return 0, nil, false
+	}
+	return w, set, true
+}
+
+// fetchOne reads key x of the chunk, h, through the index.
+func (s *Store) fetchOne(sc *scratch, x int, h uint64) {
+	x &= maxChunk - 1
+	w, set, seg, off, ok := s.shard(h).get(h)
+	if !ok {
+		sc.ws[x], sc.recs[x], sc.seg = 0, nil, nil
+		return
+	}
+	sc.ws[x], sc.recs[x], sc.seg, sc.off = w, &seg.r[off], seg, off
+	if set != nil {
+		sc.sets[x] = set
+		sc.nsets++
+	}
+}
+
+// fetchIndexed reads keys, the chunk's from x0 on, through the index, in
+// passes whose cache misses overlap: touch loads the home lines of the
+// index; a second pass finds in each line the record the key most likely
+// has and loads it; a third takes each record whose key and live word say
+// it is the key's (as fetch does for the next record), and asks the index
+// again, with the seqlock, for the others.
+func (s *Store) fetchIndexed(sc *scratch, keys []uint64, x0 int) {
+	sc.sink += s.touch(keys)
+	var sink uint64
+	for i := range keys {
+		x := (x0 + i) & (maxChunk - 1)
+		h := sc.hs[x]
+		// The record of the entry of h's fraction in its home line,
+		// found without branching on where it is: a branch mispredicted
+		// about once a key would throw away the loads started for the keys
+		// after it. Two entries of one fraction in a line (rare) give a
+		// wrong record, which the third pass tells.
 		t := s.shard(h).tbl.Load()
-		sc.sink += atomic.LoadUint64(&t.s[t.home(h)+lineSlots].w)
-	}
-	for _, x := range later {
-		x &= maxChunk - 1
-		w, set, _, ok := s.shard(sc.hs[x]).get(sc.hs[x])
-		if !ok {
-			w = 0
+		f := uint64(t.frac(h))
+		hb := t.fracHome(uint32(f))
+		ln := (*[lineSlots]uint64)(t.s[hb : hb+lineSlots])
+		var loc uint64
+		for i := range ln {
+			e := atomic.LoadUint64(&ln[i])
+			loc |= e & eqMask(e>>32, f)
 		}
-		sc.ws[x] = w
-		if set != nil {
-			sc.sets[x] = set
-			sc.nsets++
+		r := s.arena.rec(uint32(loc))
+		if r != nil {
+			sink += atomic.LoadUint64(&r.k)
+		}
+		sc.recs[x] = r
+	}
+	sc.sink += sink
+	for i := range keys {
+		x := (x0 + i) & (maxChunk - 1)
+		h := sc.hs[x]
+		if r := sc.recs[x]; r != nil && h != 0 && atomic.LoadUint64(&r.k) == h {
+			if w := atomic.LoadUint64(&r.w); !empty(w) {
+				if w&ovfFlag == 0 {
+					sc.ws[x] = w
+					continue
+				}
+				if w, set, ok := s.readSet(r, h); ok {
+					sc.ws[x], sc.sets[x] = w, set
+					sc.nsets++
+					continue
+				}
+			}
+		}
+		s.fetchOne(sc, x, h)
+	}
+	// The next chunk starts in the same mode unless most of these keys'
+	// records followed one another.
+	together := 0
+	for i := 1; i < len(keys); i++ {
+		a, b := sc.recs[(x0+i-1)&(maxChunk-1)], sc.recs[(x0+i)&(maxChunk-1)]
+		if a != nil && uintptr(unsafe.Pointer(b)) == uintptr(unsafe.Pointer(a))+unsafe.Sizeof(rec{}) {
+			together++
+		}
+	}
+	sc.scattered = 2*together < len(keys)
+	// Go on from the last key's record, if it has one.
+	x := (x0 + len(keys) - 1) & (maxChunk - 1)
+	sc.seg = nil
+	if r := sc.recs[x]; r != nil {
+		h := sc.hs[x]
+		if _, _, seg, off, ok := s.shard(h).get(h); ok && &seg.r[off] == r {
+			sc.seg, sc.off = seg, off
 		}
 	}
 }
 
-// touch loads the home line of every key, in a loop short enough for the
-// CPU to have a dozen or more of these cache misses in flight at once;
-// fetch, which does more work per key, then finds the lines in cache. It
-// reads without the seqlock: a line it loads in vain costs nothing.
+// touch loads the home line of every key in the index, in a loop short
+// enough for the CPU to have a dozen or more of these cache misses in
+// flight at once. It reads without the seqlock: a line it loads in vain
+// costs nothing.
 func (s *Store) touch(keys []uint64) uint64 {
 	shards, shift, smask := s.shards, s.shift&63, s.shardMask
 	var sink uint64
 	for _, k := range keys {
 		h := mix(k)
 		t := shards[h>>shift&smask].tbl.Load()
-		sink += atomic.LoadUint64(&t.s[t.home(h)].w)
+		sink += atomic.LoadUint64(&t.s[t.home(h)])
 	}
 	return sink
 }
@@ -311,25 +394,18 @@ func eqMask(a, b uint64) uint64 {
 }
 
 // reference sets the age of the x'th key of the chunk to its top, unless it
-// is 2 or more or its shard is not under pressure. It finds the key again,
-// without the lock: should a writer move it meanwhile, the age lands on
-// another block or an empty slot, which costs one eviction decision and
-// nothing else. A block lookups keep matching is written at most once
-// every other sweep of the eviction clock.
+// is 2 or more or its shard is not under pressure. Should a writer have
+// freed or moved the record meanwhile, the age lands on a dead record,
+// which costs one eviction decision and nothing else. A block lookups keep
+// matching is written at most once every other sweep of the eviction
+// clock.
 func (s *Store) reference(sc *scratch, x int) {
 	x &= maxChunk - 1
-	if sc.ws[x]&ageHigh != 0 {
+	r := sc.recs[x]
+	if r == nil || sc.ws[x]&ageHigh != 0 || !s.shard(sc.hs[x]).pressure.Load() {
 		return
 	}
-	h := sc.hs[x]
-	sh := s.shard(h)
-	if !sh.pressure.Load() {
-		return
-	}
-	t := sh.tbl.Load()
-	if j, _, ok := t.find(h); ok {
-		atomic.OrUint64(&t.s[j].w, ageMask)
-	}
+	atomic.OrUint64(&r.w, ageMask)
 }
 
 // enter adds the pod of holder hd to alive if it is a candidate.

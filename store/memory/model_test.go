@@ -89,6 +89,7 @@ func checkInvariants(t testing.TB, s *Store) {
 	if got := s.pressured.Load(); int(got) != pressured {
 		t.Fatalf("%d shards under pressure counted, %d flagged", got, pressured)
 	}
+	referenced := map[uint32]bool{}
 	for si := range s.shards {
 		sh := &s.shards[si].shard
 		sh.mu.Lock()
@@ -96,21 +97,35 @@ func checkInvariants(t testing.TB, s *Store) {
 		n, holdings, sets := 0, 0, 0
 		count := make([]int32, len(sh.count))
 		for j := range tb.end() {
-			w := tb.word(j)
-			if empty(w) {
+			e := tb.at(j)
+			if e == 0 {
 				continue
 			}
 			n++
-			h := tb.key(j)
+			r := s.arena.rec(entryLoc(e))
+			if r == nil {
+				t.Fatalf("shard %d slot %d: entry %#x names no record", si, j, e)
+			}
+			if referenced[entryLoc(e)] {
+				t.Fatalf("shard %d slot %d: record %#x named twice", si, j, entryLoc(e))
+			}
+			referenced[entryLoc(e)] = true
+			h, w := r.k, r.w
+			if empty(w) {
+				t.Fatalf("shard %d slot %d: key %#x has a dead record", si, j, h)
+			}
 			if got := s.shard(h); got != sh {
 				t.Fatalf("shard %d slot %d: key %#x belongs to another shard", si, j, h)
 			}
+			if entryFrac(e) != tb.frac(h) {
+				t.Fatalf("shard %d slot %d: entry %#x for key %#x", si, j, e, h)
+			}
 			if hb := tb.home(h); j < hb {
 				t.Fatalf("shard %d slot %d: key %#x before its home %d", si, j, h, hb)
-			} else if j > hb && (empty(tb.word(j-1)) || tb.ord(tb.key(j-1)) >= tb.ord(h)) {
-				t.Fatalf("shard %d slot %d: key %#x with home %d follows a gap or a greater key", si, j, h, hb)
+			} else if j > hb && (tb.at(j-1) == 0 || entryFrac(tb.at(j-1)) > entryFrac(e)) {
+				t.Fatalf("shard %d slot %d: key %#x with home %d follows a gap or a greater fraction", si, j, h, hb)
 			}
-			if _, _, ok := tb.find(h); !ok {
+			if _, fr, ok := tb.find(&s.arena, h); !ok || fr != r {
 				t.Fatalf("shard %d slot %d: key %#x not found by find (probe invariant broken)", si, j, h)
 			}
 			var held []uint64
@@ -173,6 +188,35 @@ func checkInvariants(t testing.TB, s *Store) {
 			}
 		}
 		sh.mu.Unlock()
+	}
+	// Every live record is named by the index, and the segments count
+	// them.
+	segs := 0
+	for n := range s.arena.dir.Load().s {
+		seg := s.arena.dir.Load().s[n].Load()
+		if seg == nil {
+			continue
+		}
+		segs++
+		if seg.num != uint32(n) {
+			t.Fatalf("segment %d numbered %d", n, seg.num)
+		}
+		live := 0
+		for off := range seg.r {
+			if empty(seg.r[off].w) {
+				continue
+			}
+			live++
+			if !referenced[seg.loc(off)] {
+				t.Fatalf("segment %d record %d: live word %#x of key %#x, not in the index", n, off, seg.r[off].w, seg.r[off].k)
+			}
+		}
+		if int(seg.live.Load()) != live {
+			t.Fatalf("segment %d: %d live records, counted %d", n, live, seg.live.Load())
+		}
+	}
+	if int64(segs) != s.arena.segs.Load() {
+		t.Fatalf("%d segments, counted %d", segs, s.arena.segs.Load())
 	}
 }
 

@@ -12,7 +12,7 @@ const (
 	// DefaultShards is the default upper bound on the shard count.
 	DefaultShards = 256
 	// DefaultCapacityBlocks is the default capacity: 8Mi blocks, about
-	// 128M tokens at 16 tokens a block, in at most about 320 MiB.
+	// 128M tokens at 16 tokens a block, in about 300 to 350 MiB.
 	DefaultCapacityBlocks = 1 << 23
 	// MaxCapacityBlocks is the largest capacity accepted.
 	MaxCapacityBlocks = 1<<31 - 1
@@ -33,9 +33,10 @@ type Options struct {
 	// two; small capacities get fewer (see minShardCapacity).
 	Shards int
 	// CapacityBlocks bounds the blocks held, counted as (pod, key) pairs:
-	// the sum of Pods' block counts never exceeds it. Memory is about 30-40
+	// the sum of Pods' block counts never exceeds it. Memory is about 37
 	// bytes per block with one holder each (less per holder for blocks
-	// many pods share).
+	// many pods share), up to about 43 while blocks churn: dead records
+	// wait for compaction.
 	CapacityBlocks int
 	// Registerer receives the store's metrics; nil registers none.
 	Registerer prometheus.Registerer

@@ -28,9 +28,10 @@ const ownedSlack = 16
 // age of a block they match when it is not already at its top.
 type shard struct {
 	mu  sync.Mutex    // serialises writers; guards the fields below dir
-	seq atomic.Uint64 // odd while a writer changes tbl, its slots or the sets
+	seq atomic.Uint64 // odd while a writer changes tbl, its records or the sets
 	tbl atomic.Pointer[table]
 	dir atomic.Pointer[setDir]
+	a   *arena // the store's, where the shard's keys have their records
 
 	freeSets []uint32 // unused indexes of dir
 	nsets    int      // sets in use
@@ -76,7 +77,8 @@ type paddedShard struct {
 	_ [(256 - unsafe.Sizeof(shard{})%256) % 256]byte
 }
 
-func (sh *shard) init(shardBits uint, capacity int, pressured *atomic.Int32) {
+func (sh *shard) init(a *arena, shardBits uint, capacity int, pressured *atomic.Int32) {
+	sh.a = a
 	sh.pressured = pressured
 	sh.tbl.Store(newTable(minLines, shardBits))
 	sh.dir.Store(&setDir{})
@@ -95,36 +97,44 @@ func (sh *shard) unlock() {
 }
 
 // get returns the holders of h (the word and, for a block with more than
-// four holders, its set) and its slot, without marking it referenced. It
-// runs without the lock while writers leave the shard alone, and takes it
-// when they keep changing it.
-func (sh *shard) get(h uint64) (uint64, *holderSet, uint64, bool) {
+// four holders, its set) and its record's segment and offset, without
+// marking it referenced. It runs without the lock while writers leave the
+// shard alone, and takes it when they keep changing it.
+func (sh *shard) get(h uint64) (uint64, *holderSet, *segment, int, bool) {
 	for range optimisticTries {
 		v := sh.seq.Load()
 		if v&1 != 0 {
 			continue
 		}
-		j, w, ok := sh.tbl.Load().find(h)
-		var s *holderSet
-		if ok && w&ovfFlag != 0 {
-			s = sh.loadSet(w)
-		}
-		if sh.seq.Load() != v || (ok && w&ovfFlag != 0 && s == nil) {
+		w, s, seg, off, ok := sh.read(h)
+		if sh.seq.Load() != v || (ok && (empty(w) || w&ovfFlag != 0 && s == nil)) {
 			continue
 		}
-		return w, s, j, ok
+		return w, s, seg, off, ok
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	j, w, ok := sh.tbl.Load().find(h)
+	return sh.read(h)
+}
+
+// read is get's work, whole only under the lock or an unchanged seq.
+func (sh *shard) read(h uint64) (uint64, *holderSet, *segment, int, bool) {
+	t := sh.tbl.Load()
+	j, r, ok := t.find(sh.a, h)
 	if !ok {
-		return 0, nil, 0, false
+		return 0, nil, nil, 0, false
 	}
+	w := atomic.LoadUint64(&r.w)
 	var s *holderSet
 	if w&ovfFlag != 0 {
 		s = sh.loadSet(w)
 	}
-	return w, s, j, true
+	loc := entryLoc(t.at(j))
+	seg := sh.a.segOf(loc)
+	if seg == nil || &seg.r[loc&segMask] != r {
+		return 0, nil, nil, 0, false // a writer moved it: seq tells
+	}
+	return w, s, seg, int(loc & segMask), true
 }
 
 // loadSet returns the set an overflow word points to, or nil when a
@@ -170,34 +180,42 @@ func (sh *shard) freeSet(w uint64) {
 	sh.freeSets = append(sh.freeSets, i)
 }
 
-// add records that pod id holds h on the tiers in bit. It returns the
-// holdings evicted to make room and whether h was skipped because no room
-// could be made.
-func (sh *shard) add(h uint64, id uint16, bit uint64) (evicted int, skipped bool) {
+// add records that pod id holds h on the tiers in bit; when h is new, its
+// record is nr, record off of segment seg, which the caller took for it.
+// It returns the holdings evicted to make room, whether h was skipped
+// because no room could be made, and whether it used nr.
+func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (evicted int, skipped, used bool) {
 	t := sh.tbl.Load()
-	j, w, ok := t.find(h)
+	_, r, ok := t.find(sh.a, h)
 	if !ok {
 		if sh.holdings >= sh.capacity {
 			if evicted, ok = sh.makeRoom(h); !ok {
-				return evicted, true
+				return evicted, true, false
 			}
 		}
 		if uint64(sh.n+1)*maxLoadDen > t.nSlots*maxLoadNum {
 			t = sh.resize(t.nLines * growNum / growDen)
 		}
-		for !t.insert(h, ageNew|holder(id, bit)) {
+		// The record first: the entry makes it reachable.
+		nr := &seg.r[off]
+		atomic.StoreUint64(&nr.k, h)
+		atomic.StoreUint64(&nr.w, ageNew|holder(id, bit))
+		sh.a.filled(seg)
+		e := entry(t.frac(h), seg.loc(off))
+		for !t.insert(e) {
 			t = sh.resize(t.nLines * growNum / growDen)
 		}
 		sh.n++
 		sh.gained(id, h)
-		return evicted, false
+		return evicted, false, true
 	}
+	w := atomic.LoadUint64(&r.w)
 	if w&ovfFlag == 0 {
 		if shift, m, found := inlineFind(w, id); found {
 			if m&bit == 0 {
-				t.setWord(j, w|bit<<(podBits+shift))
+				atomic.StoreUint64(&r.w, w|bit<<(podBits+shift))
 			}
-			return 0, false
+			return 0, false, false
 		}
 	} else {
 		s := sh.loadSet(w)
@@ -205,30 +223,64 @@ func (sh *shard) add(h uint64, id uint16, bit uint64) (evicted int, skipped bool
 			if m&bit == 0 {
 				sh.replaceSet(w, s.with(i, id, m|bit))
 			}
-			return 0, false
+			return 0, false, false
 		}
 	}
 	// A new holder of a stored key.
 	if sh.holdings >= sh.capacity {
 		if evicted, ok = sh.makeRoom(h); !ok {
-			return evicted, true
+			return evicted, true, false
 		}
-		j, w, _ = t.find(h) // eviction shifts entries but never resizes
+		w = atomic.LoadUint64(&r.w) // eviction skips h, but its record stays
 	}
 	if w&ovfFlag != 0 {
 		sh.replaceSet(w, sh.loadSet(w).with(-1, id, bit))
 	} else if shift, ok := inlineFree(w); ok {
-		t.setWord(j, w|holder(id, bit)<<shift)
+		atomic.StoreUint64(&r.w, w|holder(id, bit)<<shift)
 	} else {
 		s := &holderSet{h: make([]uint16, 0, inline+1)}
 		for shift := uint(0); shift < inline*holderBits; shift += holderBits {
 			s.h = append(s.h, uint16(w>>shift&holderMask))
 		}
 		s.h = append(s.h, uint16(holder(id, bit)))
-		t.setWord(j, w&ageMask|ovfFlag|sh.newSet(s))
+		atomic.StoreUint64(&r.w, w&ageMask|ovfFlag|sh.newSet(s))
 	}
 	sh.gained(id, h)
-	return evicted, false
+	return evicted, false, false
+}
+
+// drop deletes entry j of t, which the caller has emptied of holders, and
+// frees its record.
+func (sh *shard) drop(t *table, j uint64) {
+	loc := entryLoc(t.at(j))
+	seg := sh.a.seg(loc)
+	t.delete(j)
+	atomic.StoreUint64(&seg.r[loc&segMask].w, 0)
+	sh.n--
+	sh.a.released(seg)
+}
+
+// move moves the live record of h, record off of seg, to the arena's head,
+// for compaction. It reports false when the arena has no room.
+func (sh *shard) move(h uint64, seg *segment, off int) bool {
+	t := sh.tbl.Load()
+	j, r, ok := t.find(sh.a, h)
+	if !ok || r != &seg.r[off] {
+		return true // not live any more
+	}
+	ns, noff, ok := sh.a.alloc(1)
+	if !ok {
+		return false
+	}
+	nr := &ns.r[noff]
+	atomic.StoreUint64(&nr.k, h)
+	atomic.StoreUint64(&nr.w, atomic.LoadUint64(&r.w))
+	sh.a.filled(ns)
+	sh.a.finish(ns, noff+1, noff+1)
+	t.set(j, entry(t.frac(h), ns.loc(noff)))
+	atomic.StoreUint64(&r.w, 0)
+	sh.a.moved(seg)
+	return true
 }
 
 // unset clears the tiers in bits of pod id's holding of h and reports
@@ -237,24 +289,23 @@ func (sh *shard) add(h uint64, id uint16, bit uint64) (evicted int, skipped bool
 // compacted (not while a caller walks it).
 func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
 	t := sh.tbl.Load()
-	j, w, ok := t.find(h)
+	j, r, ok := t.find(sh.a, h)
 	if !ok {
 		return false
 	}
-	if w&ovfFlag == 0 {
+	if w := atomic.LoadUint64(&r.w); w&ovfFlag == 0 {
 		shift, m, found := inlineFind(w, id)
 		if !found || m&bits == 0 {
 			return false
 		}
 		if m&^bits != 0 {
-			t.setWord(j, w&^(bits<<(podBits+shift)))
+			atomic.StoreUint64(&r.w, w&^(bits<<(podBits+shift)))
 			return true
 		}
 		if w &^= holderMask << shift; empty(w) {
-			t.delete(j)
-			sh.n--
+			sh.drop(t, j)
 		} else {
-			t.setWord(j, w)
+			atomic.StoreUint64(&r.w, w)
 		}
 	} else {
 		s := sh.loadSet(w)
@@ -272,7 +323,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
 			for k, hd := range s.h {
 				nw |= uint64(hd) << (uint(k) * holderBits)
 			}
-			t.setWord(j, nw)
+			atomic.StoreUint64(&r.w, nw)
 			sh.freeSet(w)
 		}
 		if m != 0 {
@@ -331,19 +382,19 @@ func (sh *shard) compactOwned(id uint16) {
 	l := sh.owned[id]
 	var sink uint64
 	for _, f := range l {
-		sink += t.word(t.fracHome(f))
+		sink += t.at(t.fracHome(f))
 	}
 	sh.sink += sink
 	out := l[:0]
 	for _, f := range l {
-		if j, w, ok := sh.firstHeld(t, f, id); ok && w&markBit == 0 {
-			t.setWord(j, w|markBit)
+		if r, w, ok := sh.firstHeld(t, f, id); ok && w&markBit == 0 {
+			atomic.StoreUint64(&r.w, w|markBit)
 			out = append(out, f)
 		}
 	}
 	for _, f := range out {
-		j, w, _ := sh.firstHeld(t, f, id)
-		t.setWord(j, w&^markBit)
+		r, w, _ := sh.firstHeld(t, f, id)
+		atomic.StoreUint64(&r.w, w&^markBit)
 	}
 	switch {
 	case len(out) == 0:
@@ -354,21 +405,22 @@ func (sh *shard) compactOwned(id uint16) {
 	sh.owned[id] = out
 }
 
-// firstHeld returns the first key with fraction f that pod id holds.
-func (sh *shard) firstHeld(t *table, f uint32, id uint16) (uint64, uint64, bool) {
+// firstHeld returns the record and word of the first key with fraction f
+// that pod id holds.
+func (sh *shard) firstHeld(t *table, f uint32, id uint16) (*rec, uint64, bool) {
 	for j := t.fracHome(f); j < t.end(); j++ {
-		w := t.word(j)
-		if empty(w) {
+		e := t.at(j)
+		if e == 0 || entryFrac(e) > f {
 			break
 		}
-		switch kf := t.frac(t.key(j)); {
-		case kf > f:
-			return 0, 0, false
-		case kf == f && sh.holdsIn(w, id):
-			return j, w, true
+		if entryFrac(e) == f {
+			r := sh.a.rec(entryLoc(e))
+			if w := atomic.LoadUint64(&r.w); sh.holdsIn(w, id) {
+				return r, w, true
+			}
 		}
 	}
-	return 0, 0, false
+	return nil, 0, false
 }
 
 // holdsIn reports whether pod id is among the holders in word w.
@@ -390,12 +442,11 @@ func (sh *shard) clearPod(id uint16) {
 	sh.owned[id] = nil
 	for _, f := range l {
 		for {
-			t := sh.tbl.Load()
-			j, _, ok := sh.firstHeld(t, f, id)
+			r, _, ok := sh.firstHeld(sh.tbl.Load(), f, id)
 			if !ok {
 				break
 			}
-			sh.unset(t.key(j), id, allTiers, false)
+			sh.unset(atomic.LoadUint64(&r.k), id, allTiers, false)
 		}
 	}
 	sh.count[id] = 0
@@ -440,15 +491,16 @@ func (sh *shard) evictOne(skip uint64) (int, bool) {
 			sh.hand = 0
 		}
 		j := sh.hand
-		w := t.word(j)
-		switch {
-		case empty(w):
-		case t.key(j) == skip:
-		case w&ageMask != 0:
-			t.setWord(j, w-1<<ageShift)
-		default:
-			// The entry shifted into j by the deletion is inspected next.
-			return sh.evictSlot(t, j, w), true
+		if e := t.at(j); e != 0 {
+			r := sh.a.rec(entryLoc(e))
+			switch w := atomic.LoadUint64(&r.w); {
+			case atomic.LoadUint64(&r.k) == skip:
+			case w&ageMask != 0:
+				atomic.StoreUint64(&r.w, w-1<<ageShift)
+			default:
+				// The entry shifted into j by the deletion is inspected next.
+				return sh.evictSlot(t, j, w), true
+			}
 		}
 		sh.hand = j + 1
 	}
@@ -470,8 +522,7 @@ func (sh *shard) evictSlot(t *table, j uint64, w uint64) int {
 		}
 		sh.freeSet(w)
 	}
-	t.delete(j)
-	sh.n--
+	sh.drop(t, j)
 	for _, id := range held {
 		sh.lost(id, true)
 	}
@@ -492,7 +543,7 @@ func (sh *shard) resize(nLines uint64) *table {
 		ok = true
 		from := uint64(0)
 		for j := range old.end() {
-			if w := old.word(j); !empty(w) && !t.rehash(&from, old.key(j), w) {
+			if e := old.at(j); e != 0 && !t.rehash(&from, e) {
 				ok = false
 				break
 			}
@@ -516,7 +567,7 @@ func (sh *shard) maybeShrink() {
 
 // bytes estimates the memory the shard holds.
 func (sh *shard) bytes() int64 {
-	b := int64(len(sh.tbl.Load().s))*16 + int64(len(sh.dir.Load().sets))*8 + int64(cap(sh.freeSets))*4
+	b := int64(len(sh.tbl.Load().s))*8 + int64(len(sh.dir.Load().sets))*8 + int64(cap(sh.freeSets))*4
 	b += int64(cap(sh.count))*4 + int64(cap(sh.owned))*24
 	for _, l := range sh.owned {
 		b += int64(cap(l)) * 4

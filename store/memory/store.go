@@ -29,6 +29,7 @@ var ErrTooManyPods = errors.New("memory: too many pods")
 // cannot be freed and handed to another pod before that operation ends.
 type Store struct {
 	shards    []paddedShard
+	arena     arena
 	shift     uint   // 64 - log2(len(shards)), 64 for one shard
 	shardMask uint64 // len(shards) - 1
 	capacity  int
@@ -62,12 +63,13 @@ func New(opts Options) (*Store, error) {
 		capacity:  opts.CapacityBlocks,
 		ids:       make(map[string]uint16),
 	}
+	s.arena.init()
 	for i := range s.shards {
 		c := opts.CapacityBlocks / n
 		if i < opts.CapacityBlocks%n {
 			c++
 		}
-		s.shards[i].init(shardBits, c, &s.pressured)
+		s.shards[i].init(&s.arena, shardBits, c, &s.pressured)
 	}
 	m, err := newMetrics(opts.Registerer, s)
 	if err != nil {
@@ -121,19 +123,36 @@ func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uin
 	}
 	bit := uint64(1) << tier
 	evicted, skipped := 0, 0
-	for i, k := range keys {
-		if i%maxChunk == 0 && len(keys) > 1 {
-			keep(s.touch(keys[i:min(i+maxChunk, len(keys))]))
+	for start := 0; start < len(keys); start += maxRun {
+		part := keys[start:min(start+maxRun, len(keys))]
+		// The keys get consecutive records, those already stored excepted.
+		seg, off, ok := s.arena.alloc(len(part))
+		if !ok {
+			skipped += len(part)
+			continue
 		}
-		h := mix(k)
-		sh := s.shard(h)
-		sh.lock()
-		e, skip := sh.add(h, id, bit)
-		sh.unlock()
-		evicted += e
-		if skip {
-			skipped++
+		used := 0 // records used, up to the last one
+		for i, k := range part {
+			if i%maxChunk == 0 && len(part) > 1 {
+				keep(s.touch(part[i:min(i+maxChunk, len(part))]))
+			}
+			h := mix(k)
+			sh := s.shard(h)
+			sh.lock()
+			e, skip, u := sh.add(h, id, bit, seg, off+i)
+			sh.unlock()
+			evicted += e
+			if skip {
+				skipped++
+			}
+			if u {
+				used = i + 1
+			}
 		}
+		s.arena.finish(seg, off+used, off+len(part))
+	}
+	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
+		s.compact()
 	}
 	s.mu.RUnlock()
 	if evicted > 0 {
@@ -145,6 +164,42 @@ func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uin
 		s.metrics.dropped.WithLabelValues(dropCapacity).Add(float64(skipped))
 	}
 	return nil
+}
+
+// maxRun is the most keys of one Add given consecutive records: a run
+// never spans segments, and the head segment wastes at most this many
+// records when it fills.
+const maxRun = 256
+
+// compact moves the live records of one sparse segment to the head, in
+// order, and frees the segment. Add and Remove run it, one segment at a
+// time, while a quarter or more of all records are dead: they make the
+// garbage it collects; ClearPod runs it until that is no longer so.
+//
+// It reports whether it compacted a segment.
+func (s *Store) compact() bool {
+	seg := s.arena.takeSparse()
+	if seg == nil {
+		return false
+	}
+	done := true
+	for off := range segSize {
+		r := &seg.r[off]
+		if empty(atomic.LoadUint64(&r.w)) {
+			continue // dead for good: only the head gains records
+		}
+		h := atomic.LoadUint64(&r.k)
+		sh := s.shard(h)
+		sh.lock()
+		ok := sh.move(h, seg, off)
+		sh.unlock()
+		if !ok {
+			done = false
+			break
+		}
+	}
+	s.arena.dropped(seg, done)
+	return done
 }
 
 // keep makes x look used, so that the loads that computed it stay.
@@ -245,6 +300,9 @@ func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []
 		}
 		sh.unlock()
 	}
+	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
+		s.compact()
+	}
 	return removed, nil
 }
 
@@ -270,6 +328,8 @@ func (s *Store) ClearPod(ctx context.Context, pod string) error {
 		sh.lock()
 		sh.clearPod(id)
 		sh.unlock()
+	}
+	for s.arena.nsparse.Load() > 0 && s.arena.wasteful() && s.compact() {
 	}
 	s.mu.Lock()
 	s.names[id] = ""
@@ -306,8 +366,8 @@ type Stats struct {
 	// Evicted counts the blocks evicted to stay within capacity, Skipped the
 	// keys Add could not store, since New.
 	Evicted, Skipped int64
-	// Bytes estimates the memory of the tables, holder sets and per-pod
-	// ownership lists.
+	// Bytes estimates the memory of the records, index tables, holder sets
+	// and per-pod ownership lists.
 	Bytes int64
 }
 
@@ -324,5 +384,6 @@ func (s *Store) Stats() Stats {
 		st.Bytes += sh.bytes()
 		sh.mu.Unlock()
 	}
+	st.Bytes += s.arena.bytes()
 	return st
 }

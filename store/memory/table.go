@@ -2,49 +2,40 @@ package memory
 
 import "sync/atomic"
 
-// table is one shard's open-addressing hash table, keyed by mixed block
-// keys. A slot is 16 bytes, the key and its holders word, so a 64-byte
-// cache line holds four. A key's home is a line; its probe sequence starts
-// at the line's first slot and runs on without wrapping: the table ends in
-// tailSlots spare slots, and a table whose probes would run past them
-// grows.
+// table is one shard's index: an open-addressing hash table from mixed
+// keys to their records in the arena. An entry is 8 bytes, the key's
+// fraction (below) and its record's location, so a 64-byte cache line
+// holds eight; 0 is an empty entry. The full key is in the record, which
+// find reads to tell apart keys of the same fraction. A key's home is a
+// line; its probe sequence starts at the line's first entry and runs on
+// without wrapping: the table ends in tailSlots spare entries, and a table
+// whose probes would run past them grows.
 //
-// Entries are kept in key order (ordered linear probing, the Robin Hood
-// invariant with ties broken by key), so a lookup for an absent key stops
-// at the first empty slot or greater key, a deletion shifts the entries
-// after it back (no tombstones), and growing the table is one ordered
-// pass. Most keys are in their home line: one cache miss a key.
+// Entries are kept in fraction order (ordered linear probing, the Robin
+// Hood invariant), so a lookup for an absent key stops at the first empty
+// entry or greater fraction, a deletion shifts the entries after it back
+// (no tombstones), and growing the table is one ordered pass. Most keys
+// are in their home line.
 //
-// Lookups read slots while a writer may be changing them, so every slot
-// word is read and written atomically; the shard's sequence counter tells
-// a reader whether what it read is whole.
+// Lookups read entries while a writer may be changing them, so every entry
+// is read and written atomically; the shard's sequence counter tells a
+// reader whether what it read is whole.
 type table struct {
-	s      []slot
+	s      []uint64
 	nLines uint64 // home lines
-	nSlots uint64 // home slots, lineSlots*nLines; len(s) = nSlots + tailSlots
+	nSlots uint64 // home entries, lineSlots*nLines; len(s) = nSlots + tailSlots
 	// shardBits is how many high bits of a mixed key chose the shard; the
-	// 32 bits below them choose the home slot.
+	// 32 bits below them are the key's fraction.
 	shardBits uint
 }
 
-// slot is a key and its holders word. Go allocates a table's slots 64-byte
-// aligned: their size is a multiple of 64 of at least 576 bytes, every
-// size class from 512 bytes up is a multiple of 64, objects sit at
-// multiples of their class from a page boundary, and large objects start
-// on pages. So a home line is one cache line (TestTableAlignment).
-type slot struct {
-	k, w uint64
-}
-
 const (
-	lineSlots = 4
+	lineSlots = 8
 	tailSlots = 32
 	minLines  = 8
 	// A table grows by a quarter when more than maxLoadNum/maxLoadDen of
-	// its home slots are used, and shrinks when fewer than 1/shrinkDen are.
-	// A growing table stays 56% to 70% full (23 to 29 bytes a key), where
-	// doubling would leave it 35% full (46 bytes a key) and a fuller table
-	// would leave more keys outside their home line.
+	// its home entries are used, and shrinks when fewer than 1/shrinkDen
+	// are. A growing table stays 56% to 70% full (11 to 14 bytes a key).
 	maxLoadNum = 7
 	maxLoadDen = 10
 	growNum    = 5
@@ -52,119 +43,114 @@ const (
 	shrinkDen  = 8
 )
 
+// Go allocates a table's entries 64-byte aligned: their size is a multiple
+// of 64 of at least 768 bytes, every size class from 512 bytes up is a
+// multiple of 64, objects sit at multiples of their class from a page
+// boundary, and large objects start on pages. So a home line is one cache
+// line (TestTableAlignment).
 func newTable(nLines uint64, shardBits uint) *table {
 	n := lineSlots * nLines
-	return &table{s: make([]slot, n+tailSlots), nLines: nLines, nSlots: n, shardBits: shardBits}
+	return &table{s: make([]uint64, n+tailSlots), nLines: nLines, nSlots: n, shardBits: shardBits}
 }
 
-// end is the number of slots, spare ones included.
+func entry(f uint32, loc uint32) uint64 { return uint64(f)<<32 | uint64(loc) }
+func entryFrac(e uint64) uint32         { return uint32(e >> 32) }
+func entryLoc(e uint64) uint32          { return uint32(e) }
+
+// end is the number of entries, spare ones included.
 func (t *table) end() uint64 { return uint64(len(t.s)) }
 
-// ord is the order of keys in a table: the bits of a mixed key below the
-// shard bits, which are the same for every key of the shard.
-func (t *table) ord(h uint64) uint64 { return h << (t.shardBits & 63) }
+// frac is the top 32 bits of a mixed key below the shard bits: what orders
+// the table and chooses h's home line, whatever the table's size.
+// Ownership lists keep keys as fractions.
+func (t *table) frac(h uint64) uint32 { return uint32(h << (t.shardBits & 63) >> 32) }
 
-// frac is the top 32 bits of ord(h): what chooses h's home line, whatever
-// the table's size. Ownership lists keep keys as fractions.
-func (t *table) frac(h uint64) uint32 { return uint32(t.ord(h) >> 32) }
-
-// fracHome returns the first slot of the home line of keys with fraction f.
+// fracHome returns the first entry of the home line of keys with fraction
+// f. The fraction is mapped onto [0, nLines) with a multiplication
+// (Lemire's fast range), so a table may have any number of lines, and
+// homes follow fraction order.
 func (t *table) fracHome(f uint32) uint64 { return lineSlots * (uint64(f) * t.nLines >> 32) }
 
-// home returns the first slot of h's home line. The top 32 bits of ord(h)
-// are mapped onto [0, nLines) with a multiplication (Lemire's fast range),
-// so a table may have any number of lines, and homes follow key order.
+// home returns the first entry of h's home line.
 func (t *table) home(h uint64) uint64 { return t.fracHome(t.frac(h)) }
 
-func (t *table) word(j uint64) uint64 { return atomic.LoadUint64(&t.s[j].w) }
+func (t *table) at(j uint64) uint64 { return atomic.LoadUint64(&t.s[j]) }
 
-func (t *table) key(j uint64) uint64 { return atomic.LoadUint64(&t.s[j].k) }
+func (t *table) set(j uint64, e uint64) { atomic.StoreUint64(&t.s[j], e) }
 
-func (t *table) setWord(j uint64, w uint64) { atomic.StoreUint64(&t.s[j].w, w) }
-
-func (t *table) set(j, h uint64, w uint64) {
-	s := &t.s[j]
-	atomic.StoreUint64(&s.k, h)
-	atomic.StoreUint64(&s.w, w)
-}
-
-// find returns the slot and holders word of h. Under a concurrent writer it
-// may return anything, but it always returns and never indexes out of
+// find returns the entry index and record of h. Under a concurrent writer
+// it may return anything, but it always returns and never indexes out of
 // range.
-func (t *table) find(h uint64) (uint64, uint64, bool) {
-	hb := t.home(h)
-	for j := hb; j < t.end(); j++ {
-		w := t.word(j)
-		if empty(w) {
-			return 0, 0, false
+func (t *table) find(a *arena, h uint64) (uint64, *rec, bool) {
+	f := t.frac(h)
+	for j := t.fracHome(f); j < t.end(); j++ {
+		e := t.at(j)
+		if e == 0 || entryFrac(e) > f {
+			return 0, nil, false // entries are in order: h is not further on
 		}
-		k := t.key(j)
-		if k == h {
-			return j, w, true
-		}
-		if t.ord(k) > t.ord(h) {
-			return 0, 0, false // entries are in key order: h is not further on
+		if entryFrac(e) == f {
+			if r := a.rec(entryLoc(e)); r != nil && atomic.LoadUint64(&r.k) == h {
+				return j, r, true
+			}
 		}
 	}
-	return 0, 0, false
+	return 0, nil, false
 }
 
-// insert adds h, which must be absent, with holders word w. It reports
-// false, changing nothing, when the probe would run past the last slot;
-// the table must then grow.
-func (t *table) insert(h uint64, w uint64) bool {
-	// h goes at the first empty slot or greater key from its home on; the
-	// entries from there to the next empty slot move up by one.
-	j := t.home(h)
+// insert adds entry e (of a key absent from t). It reports false, changing
+// nothing, when the probe would run past the last entry; the table must
+// then grow.
+func (t *table) insert(e uint64) bool {
+	// e goes at the first empty entry or greater fraction from its home
+	// on; the entries from there to the next empty one move up by one.
+	f := entryFrac(e)
+	j := t.fracHome(f)
 	for ; j < t.end(); j++ {
-		if wj := t.word(j); empty(wj) || t.ord(t.key(j)) > t.ord(h) {
+		if ej := t.at(j); ej == 0 || entryFrac(ej) > f {
 			break
 		}
 	}
-	e := j
-	for ; e < t.end() && !empty(t.word(e)); e++ {
+	k := j
+	for ; k < t.end() && t.at(k) != 0; k++ {
 	}
-	if e >= t.end() {
+	if k >= t.end() {
 		return false
 	}
-	for k := e; k > j; k-- {
-		t.set(k, t.key(k-1), t.word(k-1))
+	for ; k > j; k-- {
+		t.set(k, t.at(k-1))
 	}
-	t.set(j, h, w)
+	t.set(j, e)
 	return true
 }
 
-// delete empties slot j and shifts back the entries after it that may
-// move (those whose home is not past the freed slot).
+// delete empties entry j and shifts back the entries after it that may
+// move (those whose home is not past the freed entry).
 func (t *table) delete(j uint64) {
 	for {
 		n := j + 1
 		if n >= t.end() {
 			break
 		}
-		wn := t.word(n)
-		if empty(wn) {
+		en := t.at(n)
+		if en == 0 || t.fracHome(entryFrac(en)) > j {
 			break
 		}
-		k := t.key(n)
-		if t.home(k) > j {
-			break
-		}
-		t.set(j, k, wn)
+		t.set(j, en)
 		j = n
 	}
-	t.setWord(j, 0)
+	t.set(j, 0)
 }
 
-// rehash appends h to a table no reader can see yet, with plain stores.
-// Keys must come in order, as they do from an older table; from is the
-// first free slot. It reports false when h would land past the last slot.
-func (t *table) rehash(from *uint64, h uint64, w uint64) bool {
-	j := max(t.home(h), *from)
+// rehash appends entry e to a table no reader can see yet, with plain
+// stores. Entries must come in order, as they do from an older table; from
+// is the first free entry. It reports false when e would land past the
+// last entry.
+func (t *table) rehash(from *uint64, e uint64) bool {
+	j := max(t.fracHome(entryFrac(e)), *from)
 	if j >= t.end() {
 		return false
 	}
-	t.s[j] = slot{h, w}
+	t.s[j] = e
 	*from = j + 1
 	return true
 }
