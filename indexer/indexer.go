@@ -238,7 +238,7 @@ func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.E
 		m.check(ix, p, e)
 	}
 	if mode == KeyModeEngine {
-		return ix.store.Add(ctx, p.name, tier, e.BlockHashes)
+		return ix.add(ctx, p.name, tier, e.HasParent, e.ParentHash, e.BlockHashes)
 	}
 	// Tokens mode.
 	if len(e.TokenIDs) == 0 {
@@ -267,13 +267,17 @@ func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.E
 		ix.drop(dropTokenCount, n)
 		return nil
 	}
-	var keys []uint64
+	var (
+		keys   []uint64
+		parent uint64
+	)
 	if e.HasParent {
 		k, ok := p.keys[e.ParentHash]
 		if !ok {
 			ix.drop(dropUnknownParent, n)
 			return nil
 		}
+		parent = k.key
 		keys, _ = rechain(m.own, p.buf[:0], k.key, e.TokenIDs)
 	} else {
 		keys = prompt(m.own, p.buf[:0], e.TokenIDs, m.prompt(e))
@@ -288,7 +292,16 @@ func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.E
 		k.tiers |= 1 << tier
 		p.keys[h] = k
 	}
-	return ix.store.Add(ctx, p.name, tier, keys)
+	return ix.add(ctx, p.name, tier, e.HasParent, parent, keys)
+}
+
+// add adds keys for a pod, after their parent when they have one and the
+// store keeps chains together (store.Chainer).
+func (ix *Indexer) add(ctx context.Context, pod string, tier store.Tier, hasParent bool, parent uint64, keys []uint64) error {
+	if c, ok := ix.store.(store.Chainer); ok && hasParent {
+		return c.AddAfter(ctx, pod, tier, parent, keys)
+	}
+	return ix.store.Add(ctx, pod, tier, keys)
 }
 
 func (ix *Indexer) removed(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {

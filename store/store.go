@@ -64,6 +64,15 @@ type Store interface {
 	Pods(ctx context.Context) ([]PodInfo, error)
 }
 
+// Chainer is a Store that can keep a chain's blocks together. AddAfter is
+// Add for keys that continue a chain whose last block is parent (the
+// BlockStored event's parent); its result is Add's. A store that lays
+// blocks out in memory puts keys after their parent's, so that a lookup
+// walking the chain reads them together.
+type Chainer interface {
+	AddAfter(ctx context.Context, pod string, tier Tier, parent uint64, keys []uint64) error
+}
+
 // Match is one pod's answer to a Lookup.
 type Match struct {
 	Pod string

@@ -39,9 +39,14 @@ type segment struct {
 	r    [segSize]rec
 	num  uint32       // the segment's number in the directory
 	live atomic.Int32 // records in use
-	// pending counts the ranges taken (alloc) and not yet finished; a
-	// segment is compacted only without any. Guarded by arena.mu.
+	// pending counts the ranges handed out (alloc, claim) and not yet
+	// finished; a segment is compacted only without any. taken is set when
+	// compaction takes the segment. claimed marks the records handed out
+	// and not given back: the others have never been written. All three
+	// are guarded by arena.mu.
 	pending int
+	taken   bool
+	claimed [segSize / 64]uint64
 	// sealed is set when the segment stops being the head; queued when it
 	// is put in the sparse list (and stays set).
 	sealed, queued atomic.Bool
@@ -49,6 +54,27 @@ type segment struct {
 
 // loc returns the location of record off of s.
 func (s *segment) loc(off int) uint32 { return s.num<<segShift | uint32(off) }
+
+// mark sets or clears the claimed bits of records [from, to).
+func (s *segment) mark(from, to int, on bool) {
+	for i := from; i < to; i++ {
+		if on {
+			s.claimed[i/64] |= 1 << (i % 64)
+		} else {
+			s.claimed[i/64] &^= 1 << (i % 64)
+		}
+	}
+}
+
+// unclaimed reports whether no record in [from, to) is claimed.
+func (s *segment) unclaimed(from, to int) bool {
+	for i := from; i < to; i++ {
+		if s.claimed[i/64]&(1<<(i%64)) != 0 {
+			return false
+		}
+	}
+	return true
+}
 
 type arena struct {
 	dir atomic.Pointer[segDir]
@@ -100,9 +126,10 @@ func (a *arena) segOf(loc uint32) *segment {
 }
 
 // alloc returns n consecutive free records, 1 <= n <= segSize: a segment and
-// the offset of the first. It reports false when every segment number is
-// taken. The caller fills what it needs and calls finish.
-func (a *arena) alloc(n int) (*segment, int, bool) {
+// the offset of the first, and leaves the reserve records after them free,
+// for claim to continue the chain in. It reports false when every segment
+// number is taken. The caller fills what it needs and calls finish.
+func (a *arena) alloc(n, reserve int) (*segment, int, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.head == nil || a.next+n > segSize {
@@ -111,19 +138,48 @@ func (a *arena) alloc(n int) (*segment, int, bool) {
 		}
 	}
 	off := a.next
-	a.next += n
+	a.next = min(off+n+reserve, segSize)
+	a.head.mark(off, off+n, true)
 	a.head.pending++
 	return a.head, off, true
 }
 
-// finish ends the use of a range alloc returned, whose records from on to
-// end were not used: they are given back when they are the last taken
-// from the head.
-func (a *arena) finish(s *segment, from, end int) {
+// claim hands out the n records after record p of s, when no one has
+// them: the records of keys that continue a chain whose last block is
+// record p. It extends the head past its next free record if need be.
+func (a *arena) claim(s *segment, p, n, reserve int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	from, to := p+1, p+1+n
+	if s.taken || to > segSize || a.dir.Load().s[s.num].Load() != s {
+		return false
+	}
+	if s == a.head && to > a.next {
+		if !s.unclaimed(from, a.next) {
+			return false
+		}
+		a.next = min(to+reserve, segSize)
+	} else if !s.unclaimed(from, to) {
+		return false
+	}
+	s.mark(from, to, true)
+	s.pending++
+	return true
+}
+
+// finish ends the use of n records from off that alloc or claim handed
+// out, of which the first used were filled. The others are unclaimed, and
+// given back to the head when they are its last.
+func (a *arena) finish(s *segment, off, used, n, reserve int) {
 	a.mu.Lock()
 	s.pending--
-	if a.head == s && a.next == end {
-		a.next = from
+	s.mark(off+used, off+n, false)
+	if a.head == s && a.next == min(off+n+reserve, segSize) {
+		if used == 0 {
+			a.next = off
+		} else {
+			a.next = min(off+used+reserve, segSize)
+		}
 	}
 	a.mu.Unlock()
 }
@@ -225,6 +281,7 @@ func (a *arena) takeSparse() *segment {
 			a.sparse = append(a.sparse[:i], a.sparse[i+1:]...)
 			a.nsparse.Store(int32(len(a.sparse)))
 			a.compacting = true
+			s.taken = true
 			return s
 		}
 	}
@@ -238,6 +295,7 @@ func (a *arena) dropped(s *segment, done bool) {
 	defer a.mu.Unlock()
 	a.compacting = false
 	if !done {
+		s.taken = false
 		a.sparse = append(a.sparse, s)
 		a.nsparse.Store(int32(len(a.sparse)))
 		return

@@ -160,11 +160,21 @@ func BenchmarkLookup(b *testing.B) {
 
 // BenchmarkLookupPieces is BenchmarkLookup/1M with prompts stored in
 // pieces of 16 blocks (as chunked prefill stores them) or of one block
-// (as decoding does), the pieces of different prompts interleaved, so that
-// a prompt's records are not together.
+// (as decoding does), the pieces of different prompts interleaved. Each
+// piece but the first is added after its parent, as the indexer does for
+// a BlockStored event with a parent; /unchained adds them with Add, the
+// worst case.
 func BenchmarkLookupPieces(b *testing.B) {
-	for _, piece := range []int{16, 1} {
-		b.Run(fmt.Sprintf("piece=%d", piece), func(b *testing.B) {
+	for _, bc := range []struct {
+		piece   int
+		chained bool
+	}{{16, true}, {1, true}, {1, false}} {
+		piece := bc.piece
+		name := fmt.Sprintf("piece=%d", piece)
+		if !bc.chained {
+			name += "/unchained"
+		}
+		b.Run(name, func(b *testing.B) {
 			const blocks = 1 << 20
 			s, err := memory.New(memory.Options{CapacityBlocks: 2 * blocks})
 			if err != nil {
@@ -174,8 +184,15 @@ func BenchmarkLookupPieces(b *testing.B) {
 			buf := make([]uint64, promptLen)
 			for at := 0; at < promptLen; at += piece {
 				for p := range prompts {
-					keys := promptKeys(buf, p)[at : at+piece]
-					if err := s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, keys); err != nil {
+					all := promptKeys(buf, p)
+					keys := all[at : at+piece]
+					var err error
+					if bc.chained && at > 0 {
+						err = s.AddAfter(context.Background(), podNames[p%benchPods], store.TierGPU, all[at-1], keys)
+					} else {
+						err = s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, keys)
+					}
+					if err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -14,7 +14,11 @@
 // immutable set. Pods are interned to those ids; there is no string,
 // pointer or list node per entry. The keys of one Add get consecutive
 // records, so a prompt's blocks lie together in the order lookups walk
-// them. Records live in segments of 4096; a segment left less than 3/4
+// them; AddAfter (store.Chainer) puts keys that continue a chain right
+// after their parent's when those records are free, and a short run added
+// that way leaves 16 records free after it, so that the blocks a request
+// decodes one at a time, between other requests' blocks, still lie
+// together. Records live in segments of 4096; a segment left less than 3/4
 // live is compacted (its live records move, in order, to the segment being
 // filled) once a quarter of all records are dead, oldest segment first.
 //

@@ -414,3 +414,62 @@ func holdsInline(w uint64, id uint16) bool {
 	_, _, ok := inlineFind(w, id)
 	return w&ovfFlag == 0 && ok
 }
+
+// TestAddAfterKeepsChainsTogether stores two requests' blocks as decoding
+// does, one at a time and interleaved, after a prefill each: every block's
+// record follows its parent's while the reserve lasts, and a new run
+// starts when it is used up.
+func TestAddAfterKeepsChainsTogether(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc := func(k uint64) uintptr {
+		h := mix(k)
+		_, r, ok := s.shard(h).tbl.Load().find(&s.arena, h)
+		if !ok {
+			t.Fatalf("key %#x not found", k)
+		}
+		return uintptr(unsafe.Pointer(r))
+	}
+	const blocks = 3 * chainReserve
+	a := make([]uint64, 8+blocks)
+	b := make([]uint64, 8+blocks)
+	for i := range a {
+		a[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+		b[i] = uint64(i+1) * 0xbf58476d1ce4e5b9
+	}
+	if err := s.Add(ctx, "p", store.TierGPU, a[:8]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "q", store.TierGPU, b[:8]); err != nil {
+		t.Fatal(err)
+	}
+	for i := 8; i < len(a); i++ {
+		if err := s.AddAfter(ctx, "p", store.TierGPU, a[i-1], a[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AddAfter(ctx, "q", store.TierGPU, b[i-1], b[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, chain := range [][]uint64{a, b} {
+		runs := 1
+		for i := 1; i < len(chain); i++ {
+			if loc(chain[i]) != loc(chain[i-1])+unsafe.Sizeof(rec{}) {
+				runs++
+			}
+		}
+		// The prefill's run and the decoded blocks after it (the first
+		// chain continues in the head), then a run for each reserve.
+		if runs > 1+blocks/(chainReserve+1)+1 {
+			t.Errorf("chain stored in %d runs, want at most %d", runs, 1+blocks/(chainReserve+1)+1)
+		}
+		out, err := s.Lookup(ctx, chain, nil, nil)
+		if err != nil || len(out) != 1 || out[0].Blocks != len(chain) {
+			t.Fatalf("Lookup = %+v, %v", out, err)
+		}
+	}
+	checkInvariants(t, s)
+}

@@ -248,7 +248,14 @@ func ops(t testing.TB, s *Store, data []byte, universe []uint64) {
 		switch op {
 		case 0, 1, 2:
 			ks := keys()
-			if err := s.Add(ctx, pod, tier, ks); err != nil {
+			var err error
+			if op == 2 {
+				// After a parent that may be held, by this pod or another.
+				err = s.AddAfter(ctx, pod, tier, keyOf(next()), ks)
+			} else {
+				err = s.Add(ctx, pod, tier, ks)
+			}
+			if err != nil {
 				t.Fatalf("step %d: Add: %v", step, err)
 			}
 			if len(ks) > 0 {

@@ -268,7 +268,7 @@ func (sh *shard) move(h uint64, seg *segment, off int) bool {
 	if !ok || r != &seg.r[off] {
 		return true // not live any more
 	}
-	ns, noff, ok := sh.a.alloc(1)
+	ns, noff, ok := sh.a.alloc(1, 0)
 	if !ok {
 		return false
 	}
@@ -276,7 +276,7 @@ func (sh *shard) move(h uint64, seg *segment, off int) bool {
 	atomic.StoreUint64(&nr.k, h)
 	atomic.StoreUint64(&nr.w, atomic.LoadUint64(&r.w))
 	sh.a.filled(ns)
-	sh.a.finish(ns, noff+1, noff+1)
+	sh.a.finish(ns, noff, 1, 1, 0)
 	t.set(j, entry(t.frac(h), ns.loc(noff)))
 	atomic.StoreUint64(&r.w, 0)
 	sh.a.moved(seg)

@@ -103,6 +103,19 @@ func check(ctx context.Context, pod string, tier store.Tier) error {
 // evicts other blocks; a key that still does not fit is skipped and
 // counted.
 func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uint64) error {
+	return s.add(ctx, pod, tier, keys, 0, false)
+}
+
+// AddAfter is Add for keys that continue a chain whose last block is
+// parent: their records go right after parent's when they are free, so
+// that a lookup walking the chain reads them in one run.
+func (s *Store) AddAfter(ctx context.Context, pod string, tier store.Tier, parent uint64, keys []uint64) error {
+	return s.add(ctx, pod, tier, keys, parent, true)
+}
+
+var _ store.Chainer = (*Store)(nil)
+
+func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uint64, parent uint64, chained bool) error {
 	if err := check(ctx, pod, tier); err != nil {
 		return err
 	}
@@ -125,11 +138,30 @@ func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uin
 	evicted, skipped := 0, 0
 	for start := 0; start < len(keys); start += maxRun {
 		part := keys[start:min(start+maxRun, len(keys))]
-		// The keys get consecutive records, those already stored excepted.
-		seg, off, ok := s.arena.alloc(len(part))
+		// The keys get consecutive records, those already stored excepted:
+		// after their parent's if they can, else from the head. Short
+		// runs that continue a chain, as decoding stores, leave room for
+		// the blocks that follow.
+		reserve := 0
+		if chained && len(part) <= chainReserve {
+			reserve = chainReserve
+		}
+		var (
+			seg *segment
+			off int
+			ok  bool
+		)
+		if chained && start == 0 {
+			ph := mix(parent)
+			if _, _, pseg, poff, found := s.shard(ph).get(ph); found && s.arena.claim(pseg, poff, len(part), reserve) {
+				seg, off, ok = pseg, poff+1, true
+			}
+		}
 		if !ok {
-			skipped += len(part)
-			continue
+			if seg, off, ok = s.arena.alloc(len(part), reserve); !ok {
+				skipped += len(part)
+				continue
+			}
 		}
 		used := 0 // records used, up to the last one
 		for i, k := range part {
@@ -149,7 +181,7 @@ func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uin
 				used = i + 1
 			}
 		}
-		s.arena.finish(seg, off+used, off+len(part))
+		s.arena.finish(seg, off, used, len(part), reserve)
 	}
 	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
 		s.compact()
@@ -170,6 +202,12 @@ func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uin
 // never spans segments, and the head segment wastes at most this many
 // records when it fills.
 const maxRun = 256
+
+// chainReserve is how many records an AddAfter of at most as many keys
+// leaves free after them, for the next AddAfter to continue the chain in:
+// decoding stores a request's blocks one at a time, between other
+// requests' blocks.
+const chainReserve = 16
 
 // compact moves the live records of one sparse segment to the head, in
 // order, and frees the segment. Add and Remove run it, one segment at a

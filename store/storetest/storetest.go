@@ -37,6 +37,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"EmptyQuery", testEmptyQuery},
 		{"EmptyStore", testEmptyStore},
 		{"Chain", testChain},
+		{"AddAfter", testAddAfter},
 		{"MissInMiddle", testMissInMiddle},
 		{"FirstKeyMissing", testFirstKeyMissing},
 		{"PodFilter", testPodFilter},
@@ -212,6 +213,42 @@ func testChain(t *testing.T, s store.Store) {
 	wantMatches(t, lookup(t, s, chain[4:]), map[string]store.Match{"a": gpu(6)})
 	wantMatches(t, lookup(t, s, chain[10:]), map[string]store.Match{})
 	wantPods(t, s, store.PodInfo{Name: "a", Blocks: 10})
+}
+
+// testAddAfter checks that a store.Chainer's AddAfter gives Add's results
+// whatever the parent: held by the pod, by another pod, by none, or a
+// block in the middle of a chain. Stores that are not Chainers skip it.
+func testAddAfter(t *testing.T, s store.Store) {
+	c, ok := s.(store.Chainer)
+	if !ok {
+		t.Skip("not a store.Chainer")
+	}
+	chain := Keys(30, 40)
+	after := func(pod string, parent uint64, keys ...uint64) {
+		t.Helper()
+		if err := c.AddAfter(context.Background(), pod, store.TierGPU, parent, keys); err != nil {
+			t.Fatalf("AddAfter(%s): %v", pod, err)
+		}
+	}
+	add(t, s, "a", store.TierGPU, chain[:4]...)
+	after("a", chain[3], chain[4:8]...)
+	// Decoding: one block at a time.
+	for i := 8; i < 20; i++ {
+		after("a", chain[i-1], chain[i])
+	}
+	after("b", chain[19], chain[20:24]...) // a parent b does not hold
+	after("a", Keys(31, 1)[0], chain[24:26]...)
+	after("a", chain[1], chain[26:30]...) // a parent whose successors are taken
+	after("a", chain[5], chain[5:8]...)   // keys already held
+	wantMatches(t, lookup(t, s, chain[:20]), map[string]store.Match{"a": gpu(20)})
+	wantMatches(t, lookup(t, s, chain[20:]), map[string]store.Match{"b": gpu(4)})
+	wantMatches(t, lookup(t, s, chain[24:30]), map[string]store.Match{"a": gpu(6)})
+	wantPods(t, s, store.PodInfo{Name: "a", Blocks: 26}, store.PodInfo{Name: "b", Blocks: 4})
+	// Removal and re-adding after a parent keep the answers right.
+	remove(t, s, "a", store.TierGPU, chain[10:12]...)
+	wantMatches(t, lookup(t, s, chain[:20]), map[string]store.Match{"a": gpu(10)})
+	after("a", chain[9], chain[10:12]...)
+	wantMatches(t, lookup(t, s, chain[:20]), map[string]store.Match{"a": gpu(20)})
 }
 
 func testMissInMiddle(t *testing.T, s store.Store) {
