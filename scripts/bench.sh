@@ -16,9 +16,9 @@ bench ./events/ '^BenchmarkDecode$' 2s
 bench ./indexer/blockhash/ '^Benchmark(Chain|FNV64aFloor)$' 2000x
 bench ./indexer/ '^Benchmark(Apply|MatchTokens)$' 1s
 if [ "${BENCH_QUICK:-}" = 1 ]; then
-	bench ./store/memory/ '^Benchmark(Lookup|LookupMapBaseline|LookupAdjacentBaseline|Memory)$/1M|^BenchmarkApply$' 1s
+	bench ./store/memory/ '^Benchmark(Lookup|LookupMapBaseline|LookupAdjacentBaseline|LookupPieces|Memory)$/1M|^BenchmarkLookupPieces$|^BenchmarkApply$' 1s
 else
-	bench ./store/memory/ '^Benchmark(Lookup|LookupMapBaseline|LookupAdjacentBaseline|Memory|Apply)$' 1s
+	bench ./store/memory/ '^Benchmark(Lookup|LookupMapBaseline|LookupAdjacentBaseline|LookupPieces|Memory|Apply)$' 1s
 fi
 bench ./events/transport/ '^BenchmarkIngest$' 200000x
 bench ./indexer/ingest/ '^BenchmarkEndToEnd$' 50000x
