@@ -177,6 +177,10 @@ func TestConcurrentStress(t *testing.T) {
 					err = s.ClearPod(ctx, pod)
 				case rng.IntN(3) == 0:
 					_, err = s.Remove(ctx, pod, store.Tier(rng.IntN(3)), keys)
+				case from > 0 && rng.IntN(2) == 0:
+					// Continuing the chain before it, which another writer
+					// may be continuing too.
+					err = s.AddAfter(ctx, pod, store.Tier(rng.IntN(3)), universe[from-1], keys[:1+rng.IntN(len(keys))])
 				default:
 					err = s.Add(ctx, pod, store.Tier(rng.IntN(3)), keys)
 				}
