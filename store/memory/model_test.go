@@ -430,3 +430,45 @@ func TestEvictionInvariants(t *testing.T) {
 		})
 	}
 }
+
+// TestDisownKeepsSharedFraction removes, from the end of a pod's
+// ownership list, one of two keys the pod holds with the same fraction,
+// after compaction has left that fraction listed once: the entry must stay
+// for the other key, or ClearPod would leave it behind.
+func TestDisownKeepsSharedFraction(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const f = 0x7000_0000
+	k1, k2 := unmix(f<<32|1), unmix(f<<32|2)
+	others := make([]uint64, 20)
+	for i := range others {
+		others[i] = unmix(uint64(i+1) << 40)
+	}
+	if err := s.Add(ctx, "a", store.TierGPU, others); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "a", store.TierGPU, []uint64{k1, k2}); err != nil {
+		t.Fatal(err)
+	}
+	sh := &s.shards[0].shard
+	id := s.ids["a"]
+	sh.lock()
+	sh.compactOwned(id) // f listed once for both keys
+	sh.unlock()
+	if l := sh.owned[id]; len(l) != len(others)+1 || l[len(l)-1] != uint32(f) {
+		t.Fatalf("ownership list %x, want the others' fractions then %x once", l, f)
+	}
+	if _, err := s.Remove(ctx, "a", store.TierGPU, []uint64{k1}); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, s)
+	if err := s.ClearPod(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.Lookup(ctx, []uint64{k2}, nil, nil); err != nil || len(out) != 0 {
+		t.Fatalf("after ClearPod, Lookup(k2) = %+v, %v", out, err)
+	}
+}

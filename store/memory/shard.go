@@ -330,9 +330,35 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
 			return true
 		}
 	}
+	if compact {
+		sh.disown(t, id, h)
+	}
 	sh.lost(id, compact)
 	sh.maybeShrink()
 	return true
+}
+
+// disown drops h's fraction from the front or the back of pod id's
+// ownership list, where removals in the order blocks were stored (or the
+// reverse) find it, unless the pod holds another key of that fraction.
+// Lists then need compacting only for blocks removed out of order.
+func (sh *shard) disown(t *table, id uint16, h uint64) {
+	l := sh.owned[id]
+	n := len(l)
+	if n == 0 {
+		return
+	}
+	f := t.frac(h)
+	switch {
+	case l[0] == f:
+		if _, _, held := sh.firstHeld(t, f, id); !held {
+			sh.owned[id] = l[1:]
+		}
+	case l[n-1] == f:
+		if _, _, held := sh.firstHeld(t, f, id); !held {
+			sh.owned[id] = l[:n-1]
+		}
+	}
 }
 
 // gained and lost keep the per-pod bookkeeping of a holding.
@@ -522,8 +548,10 @@ func (sh *shard) evictSlot(t *table, j uint64, w uint64) int {
 		}
 		sh.freeSet(w)
 	}
+	h := atomic.LoadUint64(&sh.a.rec(entryLoc(t.at(j))).k)
 	sh.drop(t, j)
 	for _, id := range held {
+		sh.disown(t, id, h)
 		sh.lost(id, true)
 	}
 	return len(held)
