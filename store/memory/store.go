@@ -224,7 +224,7 @@ func (s *Store) compact() bool {
 	for off := range segSize {
 		r := &seg.r[off]
 		if empty(atomic.LoadUint64(&r.w)) {
-			continue // dead for good: only the head gains records
+			continue // dead for good: a segment taken for compaction gains no records
 		}
 		h := atomic.LoadUint64(&r.k)
 		sh := s.shard(h)
