@@ -23,7 +23,8 @@ import (
 )
 
 // benchFleet is an index of 100 pods, each holding a distinct prompt of
-// 512 blocks (8192 tokens).
+// 512 blocks (8192 tokens) that queries ask for, and benchFiller more
+// that fill the index to about a million blocks, as a fleet's is.
 type benchFleet struct {
 	ix     *indexer.Indexer
 	tokens [][]uint32
@@ -34,10 +35,11 @@ type benchFleet struct {
 const (
 	benchPods   = 100
 	benchBlocks = 512
+	benchFiller = 19
 )
 
 func newBenchFleet(b *testing.B) *benchFleet {
-	st, err := memory.New(memory.Options{CapacityBlocks: 1 << 20})
+	st, err := memory.New(memory.Options{CapacityBlocks: 2 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,6 +70,13 @@ func newBenchFleet(b *testing.B) *benchFleet {
 		f.hashes = append(f.hashes, keys)
 		bt := &events.Batch{Topic: fmt.Appendf(nil, "kv@10.0.%d.%d:8000@%s", p/256, p%256, testModel), Seq: 1,
 			Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: keys}}}
+		for range benchFiller {
+			filler := make([]uint64, benchBlocks)
+			for i := range filler {
+				filler[i] = rng.Uint64()
+			}
+			bt.Events = append(bt.Events, events.Event{Kind: events.KindBlockStored, BlockHashes: filler})
+		}
 		if err := ix.Apply(context.Background(), bt, indexer.Source{}); err != nil {
 			b.Fatal(err)
 		}
@@ -120,8 +129,9 @@ func (f *benchFleet) ingest(ctx context.Context) (blocks int64, err error) {
 var benchCallers = flag.Int("rpc.callers", 1, "BenchmarkGRPCMatch: concurrent callers per GOMAXPROCS")
 
 // BenchmarkGRPCMatch measures Match over gRPC on loopback TCP, the server
-// in-process, -rpc.callers concurrent callers per P on 4 connections, while
-// another pod's events are applied: by 512 block hashes and by 8192 token
+// in-process with about a million blocks indexed (benchFleet), -rpc.callers
+// concurrent callers per P on 4 connections, while another pod's events
+// are applied: by 512 block hashes and by 8192 token
 // ids (512 blocks hashed by the server), each query matching one pod whole.
 // Reports queries/s and the p50 and p99 latency seen by the callers.
 func BenchmarkGRPCMatch(b *testing.B) {

@@ -55,7 +55,7 @@ var targets = []target{
 	{"#4", "indexer apply (hash check + store), engine keys", "BenchmarkApply/engine", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target: the whole apply path"},
 	{"#5", "ingest through a real socket, ~1 KiB messages, libzmq publisher", "BenchmarkIngest/pub=libzmq/buf=64KiB", "msgs/s", 1e-3, "k msgs/s", false, 250, ""},
 	{"#5", "ingest, Go ZMTP publisher", "BenchmarkIngest/pub=go-zmtp/buf=64KiB", "msgs/s", 1e-3, "k msgs/s", false, 250, ""},
-	{"#6", "gRPC Match by 512 block hashes, loopback, while events are ingested: throughput", "BenchmarkGRPCMatch/hashes-512", "queries/s", 1e-3, "k queries/s", false, 20, ""},
+	{"#6", "gRPC Match by 512 block hashes, loopback, 100 pods and 1M blocks indexed, while events are ingested: throughput", "BenchmarkGRPCMatch/hashes-512", "queries/s", 1e-3, "k queries/s", false, 20, ""},
 	{"#6", "the same: p99", "BenchmarkGRPCMatch/hashes-512", "p99-ms", 1, "ms", true, 2, ""},
 	{"#6", "gRPC Match by 8k token ids: throughput", "BenchmarkGRPCMatch/tokens-8k", "queries/s", 1e-3, "k queries/s", false, 5, ""},
 	{"#6", "the same: p99", "BenchmarkGRPCMatch/tokens-8k", "p99-ms", 1, "ms", true, 5, ""},
