@@ -53,7 +53,7 @@ var targets = []target{
 	{"#4", "store apply, BlockStored + BlockRemoved", "BenchmarkApply/batch=16", "blocks/s", 1e-6, "M blocks/s", false, 3, ""},
 	{"#4", "memory per block, 10M blocks with one holder", "BenchmarkMemory/10M", "heapinuse-B/block", 1, "bytes/block", true, 40, ""},
 	{"#4", "indexer apply (hash check + store), engine keys", "BenchmarkApply/engine", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target: the whole apply path"},
-	{"#5", "ingest through a real socket, ~1 KiB messages, libzmq publisher", "BenchmarkIngest/pub=libzmq/buf=64KiB", "msgs/s", 1e-3, "k msgs/s", false, 250, ""},
+	{"#5", "ingest through a real socket, ~1 KiB messages, libzmq publisher", "BenchmarkIngest/pub=libzmq/buf=64KiB", "msgs/s", 1e-3, "k msgs/s", false, 250, "the Python sender's pace: its pub-msgs/s below is the same figure"},
 	{"#5", "ingest, Go ZMTP publisher", "BenchmarkIngest/pub=go-zmtp/buf=64KiB", "msgs/s", 1e-3, "k msgs/s", false, 250, ""},
 	{"#6", "gRPC Match by 512 block hashes, loopback, 100 pods and 1M blocks indexed, while events are ingested: throughput", "BenchmarkGRPCMatch/hashes-512", "queries/s", 1e-3, "k queries/s", false, 20, ""},
 	{"#6", "the same: p99", "BenchmarkGRPCMatch/hashes-512", "p99-ms", 1, "ms", true, 2, ""},
