@@ -220,11 +220,11 @@ func (a *arena) newHeadLocked() bool {
 	return true
 }
 
-// filled and released count a record of s taken into or out of use. The
-// caller holds the lock of the record's shard.
-func (a *arena) filled(s *segment) {
-	s.live.Add(1)
-	a.live.Add(1)
+// filled counts n records of s taken into use, released one taken out of
+// use (its caller holds the lock of the record's shard).
+func (a *arena) filled(s *segment, n int) {
+	s.live.Add(int32(n))
+	a.live.Add(int64(n))
 }
 
 // moved counts a record of s moved out by compaction.

@@ -181,9 +181,10 @@ func (sh *shard) freeSet(w uint64) {
 }
 
 // add records that pod id holds h on the tiers in bit; when h is new, its
-// record is nr, record off of segment seg, which the caller took for it.
-// It returns the holdings evicted to make room, whether h was skipped
-// because no room could be made, and whether it used nr.
+// record is record off of segment seg, which the caller took for it (and
+// counts as filled). It returns the holdings evicted to make room, whether
+// h was skipped because no room could be made, and whether it used the
+// record.
 func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (evicted int, skipped, used bool) {
 	t := sh.tbl.Load()
 	_, r, ok := t.find(sh.a, h)
@@ -200,7 +201,6 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 		nr := &seg.r[off]
 		atomic.StoreUint64(&nr.k, h)
 		atomic.StoreUint64(&nr.w, ageNew|holder(id, bit))
-		sh.a.filled(seg)
 		e := entry(t.frac(h), seg.loc(off))
 		for !t.insert(e) {
 			t = sh.resize(t.nLines * growNum / growDen)
@@ -275,7 +275,7 @@ func (sh *shard) move(h uint64, seg *segment, off int) bool {
 	nr := &ns.r[noff]
 	atomic.StoreUint64(&nr.k, h)
 	atomic.StoreUint64(&nr.w, atomic.LoadUint64(&r.w))
-	sh.a.filled(ns)
+	sh.a.filled(ns, 1)
 	sh.a.finish(ns, noff, 1, 1, 0)
 	t.set(j, entry(t.frac(h), ns.loc(noff)))
 	atomic.StoreUint64(&r.w, 0)

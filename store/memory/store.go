@@ -163,7 +163,7 @@ func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uin
 				continue
 			}
 		}
-		used := 0 // records used, up to the last one
+		used, filled := 0, 0 // records used: up to the last one, and in all
 		for i, k := range part {
 			if i%maxChunk == 0 && len(part) > 1 {
 				keep(s.touch(part[i:min(i+maxChunk, len(part))]))
@@ -179,8 +179,11 @@ func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uin
 			}
 			if u {
 				used = i + 1
+				filled++
 			}
 		}
+		// Counted once for the run, not a locked add a key.
+		s.arena.filled(seg, filled)
 		s.arena.finish(seg, off, used, len(part), reserve)
 	}
 	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
