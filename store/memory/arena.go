@@ -233,9 +233,9 @@ func (a *arena) moved(s *segment) {
 	a.live.Add(-1)
 }
 
-func (a *arena) released(s *segment) {
-	a.live.Add(-1)
-	l := s.live.Add(-1)
+func (a *arena) released(s *segment, n int) {
+	a.live.Add(-int64(n))
+	l := s.live.Add(-int32(n))
 	if s.queued.Load() || l >= segSize*compactNum/compactDen || !s.sealed.Load() && l > 0 {
 		return
 	}

@@ -250,14 +250,43 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 }
 
 // drop deletes entry j of t, which the caller has emptied of holders, and
-// frees its record.
-func (sh *shard) drop(t *table, j uint64) {
+// frees its record: counted in rel when it is not nil (see release), at
+// once otherwise.
+func (sh *shard) drop(t *table, j uint64, rel *release) {
 	loc := entryLoc(t.at(j))
 	seg := sh.a.seg(loc)
 	t.delete(j)
 	atomic.StoreUint64(&seg.r[loc&segMask].w, 0)
 	sh.n--
-	sh.a.released(seg)
+	if rel == nil {
+		sh.a.released(seg, 1)
+		return
+	}
+	rel.add(sh.a, seg)
+}
+
+// release counts records freed in a row of the same segment, so that
+// their segment's count changes once for the row rather than with a
+// locked add a record: blocks removed in the order they were stored have
+// consecutive records.
+type release struct {
+	seg *segment
+	n   int
+}
+
+func (r *release) add(a *arena, seg *segment) {
+	if r.seg != seg {
+		r.flush(a)
+		r.seg = seg
+	}
+	r.n++
+}
+
+func (r *release) flush(a *arena) {
+	if r.n > 0 {
+		a.released(r.seg, r.n)
+	}
+	r.seg, r.n = nil, 0
 }
 
 // move moves the live record of h, record off of seg, to the arena's head,
@@ -287,7 +316,7 @@ func (sh *shard) move(h uint64, seg *segment, off int) bool {
 // whether any of them was set. When the pod is left holding h on no tier
 // it loses the key; compact says whether its ownership list may be
 // compacted (not while a caller walks it).
-func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
+func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *release) bool {
 	t := sh.tbl.Load()
 	j, r, ok := t.find(sh.a, h)
 	if !ok {
@@ -303,7 +332,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool) bool {
 			return true
 		}
 		if w &^= holderMask << shift; empty(w) {
-			sh.drop(t, j)
+			sh.drop(t, j, rel)
 		} else {
 			atomic.StoreUint64(&r.w, w)
 		}
@@ -472,7 +501,7 @@ func (sh *shard) clearPod(id uint16) {
 			if !ok {
 				break
 			}
-			sh.unset(atomic.LoadUint64(&r.k), id, allTiers, false)
+			sh.unset(atomic.LoadUint64(&r.k), id, allTiers, false, nil)
 		}
 	}
 	sh.count[id] = 0
@@ -549,7 +578,7 @@ func (sh *shard) evictSlot(t *table, j uint64, w uint64) int {
 		sh.freeSet(w)
 	}
 	h := atomic.LoadUint64(&sh.a.rec(entryLoc(t.at(j))).k)
-	sh.drop(t, j)
+	sh.drop(t, j, nil)
 	for _, id := range held {
 		sh.disown(t, id, h)
 		sh.lost(id, true)

@@ -329,6 +329,7 @@ func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []
 	}
 	bit := uint64(1) << tier
 	removed := 0
+	var rel release
 	for i, k := range keys {
 		if i%maxChunk == 0 && len(keys) > 1 {
 			keep(s.touch(keys[i:min(i+maxChunk, len(keys))]))
@@ -336,11 +337,12 @@ func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []
 		h := mix(k)
 		sh := s.shard(h)
 		sh.lock()
-		if sh.unset(h, id, bit, true) {
+		if sh.unset(h, id, bit, true, &rel) {
 			removed++
 		}
 		sh.unlock()
 	}
+	rel.flush(&s.arena)
 	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
 		s.compact()
 	}
