@@ -1,9 +1,9 @@
 package transport
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixd/prefixd/internal/promreg"
 )
 
 // Drop reasons of prefixd_ingest_dropped_total written by this package.
@@ -81,31 +81,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return m
 	}
-	m.messages = register(reg, m.messages)
-	m.bytes = register(reg, m.bytes)
-	m.dropped = register(reg, m.dropped)
-	m.oversize = register(reg, m.oversize)
-	m.connErrors = register(reg, m.connErrors)
-	m.conns = register(reg, m.conns)
-	m.replays = register(reg, m.replays)
+	m.messages = promreg.Register(reg, m.messages)
+	m.bytes = promreg.Register(reg, m.bytes)
+	m.dropped = promreg.Register(reg, m.dropped)
+	m.oversize = promreg.Register(reg, m.oversize)
+	m.connErrors = promreg.Register(reg, m.connErrors)
+	m.conns = promreg.Register(reg, m.conns)
+	m.replays = promreg.Register(reg, m.replays)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name and labels. Any other registration error is a programming error
-// and panics, as MustRegister does.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	err := reg.Register(c)
-	if err == nil {
-		return c
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	panic(err)
 }
 
 // sourceMetrics are the children of one source, resolved once per

@@ -1,9 +1,9 @@
 package ingest
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixd/prefixd/internal/promreg"
 )
 
 // Replay results of prefixd_replays_total.
@@ -79,26 +79,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.batches, m.lag)
-		m.dropped = register(reg, m.dropped)
+		m.dropped = promreg.Register(reg, m.dropped)
 	}
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name and labels. Any other registration error is a programming error
-// and panics, as MustRegister does.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	err := reg.Register(c)
-	if err == nil {
-		return c
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	panic(err)
 }
 
 // forgetPod deletes the series of a pod that left the fleet.
