@@ -26,6 +26,7 @@ import (
 // lost). Match is safe for concurrent use with everything.
 type Indexer struct {
 	store   store.Store
+	chainer store.Chainer // store, when it keeps chains together; else nil
 	opts    Options
 	metrics *Metrics
 	log     *slog.Logger
@@ -72,8 +73,10 @@ func New(st store.Store, opts Options, metrics *Metrics, log *slog.Logger) (*Ind
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	chainer, _ := st.(store.Chainer)
 	ix := &Indexer{
 		store:   st,
+		chainer: chainer,
 		opts:    opts,
 		metrics: metrics,
 		log:     log,
@@ -298,8 +301,8 @@ func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.E
 // add adds keys for a pod, after their parent when they have one and the
 // store keeps chains together (store.Chainer).
 func (ix *Indexer) add(ctx context.Context, pod string, tier store.Tier, hasParent bool, parent uint64, keys []uint64) error {
-	if c, ok := ix.store.(store.Chainer); ok && hasParent {
-		return c.AddAfter(ctx, pod, tier, parent, keys)
+	if ix.chainer != nil && hasParent {
+		return ix.chainer.AddAfter(ctx, pod, tier, parent, keys)
 	}
 	return ix.store.Add(ctx, pod, tier, keys)
 }

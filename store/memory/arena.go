@@ -40,12 +40,10 @@ type segment struct {
 	num  uint32       // the segment's number in the directory
 	live atomic.Int32 // records in use
 	// pending counts the ranges handed out (alloc, claim) and not yet
-	// finished; a segment is compacted only without any. taken is set when
-	// compaction takes the segment. claimed marks the records handed out
-	// and not given back: the others have never been written. All three
-	// are guarded by arena.mu.
+	// finished; a segment is compacted only without any. claimed marks the
+	// records handed out and not given back: the others have never been
+	// written. Both are guarded by arena.mu.
 	pending int
-	taken   bool
 	claimed [segSize / 64]uint64
 	// sealed is set when the segment stops being the head; queued when it
 	// is put in the sparse list (and stays set).
@@ -87,7 +85,7 @@ type arena struct {
 	maxSegs    uint32   // the most segments: maxSegs, lowered by tests
 	sparse     []*segment
 	nsparse    atomic.Int32 // len(sparse)
-	compacting bool
+	compacting *segment     // the segment being compacted, if any
 	segs       atomic.Int64 // segments in the directory
 	live       atomic.Int64 // records in use, in all segments
 }
@@ -112,9 +110,6 @@ func (a *arena) rec(loc uint32) *rec {
 	}
 	return nil
 }
-
-// seg returns the segment of loc, which must name one.
-func (a *arena) seg(loc uint32) *segment { return a.dir.Load().s[loc>>segShift].Load() }
 
 // segOf returns the segment of loc, or nil when it names none.
 func (a *arena) segOf(loc uint32) *segment {
@@ -151,7 +146,7 @@ func (a *arena) claim(s *segment, p, n, reserve int) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	from, to := p+1, p+1+n
-	if s.taken || to > segSize || a.dir.Load().s[s.num].Load() != s {
+	if s == a.compacting || to > segSize || a.dir.Load().s[s.num].Load() != s {
 		return false
 	}
 	if s == a.head && to > a.next {
@@ -273,15 +268,14 @@ func (a *arena) wasteful() bool {
 func (a *arena) takeSparse() *segment {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.compacting {
+	if a.compacting != nil {
 		return nil
 	}
 	for i := range a.sparse {
 		if s := a.sparse[i]; s.pending == 0 {
 			a.sparse = append(a.sparse[:i], a.sparse[i+1:]...)
 			a.nsparse.Store(int32(len(a.sparse)))
-			a.compacting = true
-			s.taken = true
+			a.compacting = s
 			return s
 		}
 	}
@@ -293,9 +287,8 @@ func (a *arena) takeSparse() *segment {
 func (a *arena) dropped(s *segment, done bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.compacting = false
+	a.compacting = nil
 	if !done {
-		s.taken = false
 		a.sparse = append(a.sparse, s)
 		a.nsparse.Store(int32(len(a.sparse)))
 		return

@@ -232,25 +232,18 @@ func (s *Store) fetch(sc *scratch, keys []uint64) {
 		h := mix(k)
 		sc.hs[x] = h
 		if seg, o := sc.seg, sc.off+1; seg != nil && o < segSize && h != 0 {
-			// A record holds one key for the life of its segment, so a
-			// record of h with a live word is h's, as it is now or was a
-			// moment ago. (Key 0 is left to the index: records never
-			// written read as key 0.) A word with a set is read under the
-			// shard's seqlock, which keeps set and word together.
 			r := &seg.r[o]
+			// The common case of fromRecord written out: a call a key
+			// costs a quarter of a lookup of a prompt stored whole.
 			if atomic.LoadUint64(&r.k) == h {
-				if w := atomic.LoadUint64(&r.w); !empty(w) {
-					if w&ovfFlag == 0 {
-						sc.ws[x], sc.recs[x], sc.off = w, r, o
-						continue
-					}
-					if w, set, ok := s.readSet(r, h); ok {
-						sc.ws[x], sc.recs[x], sc.off = w, r, o
-						sc.sets[x] = set
-						sc.nsets++
-						continue
-					}
+				if w := atomic.LoadUint64(&r.w); !empty(w) && w&ovfFlag == 0 {
+					sc.ws[x], sc.recs[x], sc.off = w, r, o
+					continue
 				}
+			}
+			if s.fromRecord(sc, x, r, h) {
+				sc.off = o
+				continue
 			}
 		}
 		if probes++; probes > 1 {
@@ -266,24 +259,40 @@ func (s *Store) fetch(sc *scratch, keys []uint64) {
 	}
 }
 
-// readSet reads the word and set of r, h's record, under the seqlock of
-// h's shard. It reports false when a writer was there or the word has no
-// set any more.
-func (s *Store) readSet(r *rec, h uint64) (uint64, *holderSet, bool) {
+// fromRecord reads key x of the chunk, h, from record r when r is h's, and
+// reports whether it was. A record holds one key for the life of its
+// segment, so a record of h with a live word is h's, as it is now or was a
+// moment ago. (Key 0 is left to the index: records never written read as
+// key 0.) A word with a set is read under the shard's seqlock, which keeps
+// set and word together.
+func (s *Store) fromRecord(sc *scratch, x int, r *rec, h uint64) bool {
+	if h == 0 || atomic.LoadUint64(&r.k) != h {
+		return false
+	}
+	w := atomic.LoadUint64(&r.w)
+	if empty(w) {
+		return false
+	}
+	x &= maxChunk - 1
+	if w&ovfFlag == 0 {
+		sc.ws[x], sc.recs[x] = w, r
+		return true
+	}
 	sh := s.shard(h)
 	v := sh.seq.Load()
 	if v&1 != 0 {
-		return 0, nil, false
+		return false
 	}
-	w := atomic.LoadUint64(&r.w)
-	if empty(w) || w&ovfFlag == 0 {
-		return 0, nil, false
+	if w = atomic.LoadUint64(&r.w); empty(w) || w&ovfFlag == 0 {
+		return false
 	}
 	set := sh.loadSet(w)
 	if set == nil || sh.seq.Load() != v {
-		return 0, nil, false
+		return false
 	}
-	return w, set, true
+	sc.ws[x], sc.recs[x], sc.sets[x] = w, r, set
+	sc.nsets++
+	return true
 }
 
 // fetchOne reads key x of the chunk, h, through the index.
@@ -309,7 +318,10 @@ func (s *Store) fetchOne(sc *scratch, x int, h uint64) {
 // again, with the seqlock, for the others.
 func (s *Store) fetchIndexed(sc *scratch, keys []uint64, x0 int) {
 	sc.sink += s.touch(keys)
-	var sink uint64
+	var (
+		sink uint64
+		locs [maxChunk]uint32 // by i: the location of the record loaded
+	)
 	for i := range keys {
 		x := (x0 + i) & (maxChunk - 1)
 		h := sc.hs[x]
@@ -331,26 +343,19 @@ func (s *Store) fetchIndexed(sc *scratch, keys []uint64, x0 int) {
 		if r != nil {
 			sink += atomic.LoadUint64(&r.k)
 		}
-		sc.recs[x] = r
+		sc.recs[x], locs[i&(maxChunk-1)] = r, uint32(loc)
 	}
 	sc.sink += sink
+	fromLoaded := false // whether the last key was read from its loaded record
 	for i := range keys {
 		x := (x0 + i) & (maxChunk - 1)
 		h := sc.hs[x]
-		if r := sc.recs[x]; r != nil && h != 0 && atomic.LoadUint64(&r.k) == h {
-			if w := atomic.LoadUint64(&r.w); !empty(w) {
-				if w&ovfFlag == 0 {
-					sc.ws[x] = w
-					continue
-				}
-				if w, set, ok := s.readSet(r, h); ok {
-					sc.ws[x], sc.sets[x] = w, set
-					sc.nsets++
-					continue
-				}
-			}
+		if r := sc.recs[x]; r != nil && s.fromRecord(sc, x, r, h) {
+			fromLoaded = true
+			continue
 		}
-		s.fetchOne(sc, x, h)
+		fromLoaded = false
+		s.fetchOne(sc, x, h) // sets sc.seg and sc.off from the key's record
 	}
 	// The next chunk starts in the same mode unless most of these keys'
 	// records followed one another.
@@ -362,13 +367,14 @@ func (s *Store) fetchIndexed(sc *scratch, keys []uint64, x0 int) {
 		}
 	}
 	sc.scattered = 2*together < len(keys)
-	// Go on from the last key's record, if it has one.
-	x := (x0 + len(keys) - 1) & (maxChunk - 1)
-	sc.seg = nil
-	if r := sc.recs[x]; r != nil {
-		h := sc.hs[x]
-		if _, _, seg, off, ok := s.shard(h).get(h); ok && &seg.r[off] == r {
-			sc.seg, sc.off = seg, off
+	// Go on from the last key's record: fetchOne has set it, or it is the
+	// one loaded, unless its segment was dropped meanwhile.
+	if fromLoaded {
+		n := len(keys) - 1
+		loc := locs[n&(maxChunk-1)]
+		sc.seg, sc.off = s.arena.segOf(loc), int(loc&segMask)
+		if sc.seg != nil && &sc.seg.r[sc.off] != sc.recs[(x0+n)&(maxChunk-1)] {
+			sc.seg = nil
 		}
 	}
 }

@@ -254,7 +254,7 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 // once otherwise.
 func (sh *shard) drop(t *table, j uint64, rel *release) {
 	loc := entryLoc(t.at(j))
-	seg := sh.a.seg(loc)
+	seg := sh.a.segOf(loc) // an entry always names a live segment
 	t.delete(j)
 	atomic.StoreUint64(&seg.r[loc&segMask].w, 0)
 	sh.n--
@@ -374,19 +374,17 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *rele
 func (sh *shard) disown(t *table, id uint16, h uint64) {
 	l := sh.owned[id]
 	n := len(l)
-	if n == 0 {
+	f := t.frac(h)
+	if n == 0 || l[0] != f && l[n-1] != f {
 		return
 	}
-	f := t.frac(h)
-	switch {
-	case l[0] == f:
-		if _, _, held := sh.firstHeld(t, f, id); !held {
-			sh.owned[id] = l[1:]
-		}
-	case l[n-1] == f:
-		if _, _, held := sh.firstHeld(t, f, id); !held {
-			sh.owned[id] = l[:n-1]
-		}
+	if _, _, held := sh.firstHeld(t, f, id); held {
+		return
+	}
+	if l[0] == f {
+		sh.owned[id] = l[1:]
+	} else {
+		sh.owned[id] = l[:n-1]
 	}
 }
 
