@@ -422,6 +422,10 @@ type PodStatus struct {
 	HasSeq    bool
 	LastEvent time.Time
 	Stale     bool
+	// Evicted counts the pod's blocks the store forgot to make room since
+	// the pod was last cleared; Incomplete is set while it is above 0.
+	Evicted    int
+	Incomplete bool
 }
 
 // Pods lists the known pods, sorted by name, with their block counts. Each
@@ -443,12 +447,13 @@ func (ix *Indexer) Pods(ctx context.Context) ([]PodStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	blocks := make(map[string]int, len(infos))
+	byName := make(map[string]store.PodInfo, len(infos))
 	for _, in := range infos {
-		blocks[in.Name] = in.Blocks
+		byName[in.Name] = in
 	}
 	for i := range out {
-		out[i].Blocks = blocks[out[i].Name]
+		in := byName[out[i].Name]
+		out[i].Blocks, out[i].Evicted, out[i].Incomplete = in.Blocks, in.Evicted, in.Evicted > 0
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -56,7 +56,12 @@ type PodMatch struct {
 	TierBlocks [store.NumTiers]int
 	// Score is the tier-weighted share of the query's blocks, 0..1.
 	Score float64
+	// Stale is set while the pod's events are known to be incomplete (a gap
+	// no replay filled).
 	Stale bool
+	// Incomplete is set when the store forgot blocks the pod still holds,
+	// to make room: the pod may hold a longer prefix than Blocks.
+	Incomplete bool
 }
 
 // Errors returned by Match.
@@ -112,7 +117,7 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	}
 	res.Pods = make([]PodMatch, 0, len(matches))
 	for _, mt := range matches {
-		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks}
+		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete}
 		w := 0.0
 		for t, n := range mt.TierBlocks {
 			w += float64(n) * ix.opts.TierWeights[t]

@@ -59,8 +59,9 @@ type Store interface {
 	// with at least one block is appended to out[:0] and returned, in no
 	// particular order. An empty keys returns out[:0].
 	Lookup(ctx context.Context, keys []uint64, pods []string, out []Match) ([]Match, error)
-	// Pods lists the pods holding at least one block, sorted by name, with
-	// their block counts.
+	// Pods lists the pods holding at least one block, or whose blocks a
+	// bounded store forgot since they were last cleared, sorted by name,
+	// with their block counts.
 	Pods(ctx context.Context) ([]PodInfo, error)
 }
 
@@ -81,6 +82,10 @@ type Match struct {
 	// TierBlocks[t] counts the prefix blocks whose fastest tier on this pod
 	// is t; they sum to Blocks.
 	TierBlocks [NumTiers]int
+	// Incomplete is set when a bounded store forgot blocks of this pod to
+	// make room since the pod was last cleared: the pod may hold a longer
+	// prefix than Blocks.
+	Incomplete bool
 }
 
 // PodInfo describes one pod known to a store.
@@ -88,4 +93,8 @@ type PodInfo struct {
 	Name string
 	// Blocks is the number of distinct keys the pod holds, on any tier.
 	Blocks int
+	// Evicted counts the blocks of this pod a bounded store forgot to make
+	// room since the pod was last cleared. While it is above 0 the pod's
+	// matches are Incomplete.
+	Evicted int
 }

@@ -1,6 +1,9 @@
 package transport
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Message is one ZeroMQ message as it came off the wire.
 type Message struct {
@@ -22,7 +25,56 @@ type Message struct {
 	// whatever the receiver derives from the stream may have missed
 	// something before this message.
 	Resync bool
+	// Inbound is set for messages of a publisher that connected to an
+	// address the Subscriber binds. Whoever reaches that port can be such
+	// a publisher, so what its topic claims is only as good as its source
+	// address (Peer).
+	Inbound bool
+
+	lease *lease // the bytes of Frames, counted in the Subscriber's memory budget
 }
+
+// Release returns the message's bytes to the Subscriber's memory budget:
+// the receiver calls it once it no longer uses Frames, and must not use
+// them after. A receiver that keeps messages without releasing them ends
+// up with every new message dropped for lack of memory. Calling Release
+// again, or on a message no Subscriber queued, does nothing.
+func (m *Message) Release() {
+	if m.lease != nil {
+		m.lease.release()
+	}
+}
+
+// lease is a message's share of a memory budget, given back once.
+type lease struct {
+	b    *budget
+	n    int64
+	done atomic.Bool
+}
+
+func (l *lease) release() {
+	if !l.done.Swap(true) {
+		l.b.release(l.n)
+	}
+}
+
+// budget bounds the bytes of messages being assembled or waiting for their
+// receiver, across every connection of a Subscriber.
+type budget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+// reserve takes n bytes and reports whether they fit under the limit.
+func (b *budget) reserve(n int64) bool {
+	if b.used.Add(n) > b.limit {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (b *budget) release(n int64) { b.used.Add(-n) }
 
 // size is the total length of the message's frames.
 func (m *Message) size() int {
