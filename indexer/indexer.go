@@ -24,17 +24,30 @@ import (
 // must be applied in publish order, by one goroutine at a time (the pod's
 // lock makes overlapping calls safe but cannot restore an order the caller
 // lost). Match is safe for concurrent use with everything.
+//
+// Lock order: model.mu, then pod.mu, then loraMu; ix.mu, then pod.mu. No
+// goroutine holding a pod's lock takes ix.mu, so Pods (which holds ix.mu
+// while it reads each pod) cannot wait on an Apply that waits on it.
 type Indexer struct {
 	store   store.Store
-	chainer store.Chainer // store, when it keeps chains together; else nil
+	chainer store.Chainer    // store, when it keeps chains together; else nil
+	sizer   cacheSizer       // store, when it shares capacity by cache size; else nil
 	opts    Options
 	metrics *Metrics
 	log     *slog.Logger
 
-	mu     sync.RWMutex // protects pods, models and loras
+	mu     sync.RWMutex // protects pods and models
 	pods   map[string]*pod
 	models map[string]*model
+
+	loraMu sync.RWMutex      // protects loras
 	loras  map[string]string // adapter name -> base model name
+}
+
+// cacheSizer is a store that, when full, takes room first from pods
+// holding more blocks than their own KV cache has (memory.Store).
+type cacheSizer interface {
+	SetCacheBlocks(pod string, blocks int)
 }
 
 // pod is one holder of blocks: a replica, or one data-parallel rank of it.
@@ -52,9 +65,25 @@ type pod struct {
 	keys map[uint64]ownKey
 	// scratch reused across events.
 	buf []uint64
-	// events counts the pod's events by Kind, resolved once rather than
-	// by label on every event.
+	// events counts the pod's events by Kind, each series created when the
+	// pod's first event of that kind comes, so that a pod costs the series
+	// it uses and no more.
 	events [events.KindAllBlocksCleared + 1]prometheus.Counter
+	// lora is the last adapter name that passed events.CheckName.
+	lora []byte
+}
+
+// countEvents counts n events of kind k.
+func (p *pod) countEvents(ix *Indexer, k events.Kind, n int) {
+	if int(k) >= len(p.events) || n == 0 {
+		return
+	}
+	c := p.events[k]
+	if c == nil {
+		c = ix.metrics.events.WithLabelValues(k.String(), p.name)
+		p.events[k] = c
+	}
+	c.Add(float64(n))
 }
 
 type ownKey struct {
@@ -74,9 +103,11 @@ func New(st store.Store, opts Options, metrics *Metrics, log *slog.Logger) (*Ind
 		log = slog.New(slog.DiscardHandler)
 	}
 	chainer, _ := st.(store.Chainer)
+	sizer, _ := st.(cacheSizer)
 	ix := &Indexer{
 		store:   st,
 		chainer: chainer,
+		sizer:   sizer,
 		opts:    opts,
 		metrics: metrics,
 		log:     log,
@@ -129,7 +160,10 @@ func appendPodName(dst, topic []byte, rank int, src Source) (name, model []byte)
 	return dst, model
 }
 
-// pod returns the pod named name, creating it for model modelName.
+// pod returns the pod named name, creating it for model modelName (the
+// default model when empty). A pod that does not exist yet is refused
+// (RefusedError) when a name is not a valid label or MaxPods pods are
+// known.
 func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
 	ix.mu.RLock()
 	p := ix.pods[string(nameBytes)] // no allocation: the conversion is only a map key
@@ -137,25 +171,58 @@ func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
 	if p != nil {
 		return p, nil
 	}
-	name, modelName := string(nameBytes), string(modelBytes)
-	if modelName == "" {
-		modelName = ix.opts.DefaultModel
+	if err := events.CheckLabel(nameBytes); err != nil {
+		return nil, ix.refuse(RefuseInvalidPod, "pod %q: %w", nameBytes, err)
+	}
+	modelName := ix.opts.DefaultModel
+	if len(modelBytes) > 0 {
+		if err := events.CheckLabel(modelBytes); err != nil {
+			return nil, ix.refuse(RefuseInvalidModel, "model %q of pod %s: %w", modelBytes, nameBytes, err)
+		}
+		modelName = string(modelBytes)
 	}
 	m, err := ix.model(modelName)
 	if err != nil {
 		return nil, err
 	}
+	name := string(nameBytes)
 	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	if p = ix.pods[name]; p == nil {
-		p = &pod{name: name, model: m}
-		for k := range p.events {
-			p.events[k] = ix.metrics.events.WithLabelValues(events.Kind(k).String(), name)
-		}
-		ix.pods[name] = p
-		ix.log.Debug("new pod", "pod", name, "model", m.name)
+	if p = ix.pods[name]; p != nil {
+		ix.mu.Unlock()
+		return p, nil
 	}
+	if len(ix.pods) >= ix.opts.MaxPods {
+		ix.mu.Unlock()
+		return nil, ix.refuse(RefuseMaxPods, "pod %s: %d pods are known, the limit (--max-pods)", name, ix.opts.MaxPods)
+	}
+	p = &pod{name: name, model: m}
+	ix.pods[name] = p
+	ix.mu.Unlock()
+	if ix.sizer != nil && m.opts.CacheBlocks > 0 {
+		ix.sizer.SetCacheBlocks(name, m.opts.CacheBlocks)
+	}
+	ix.log.Debug("new pod", "pod", name, "model", m.name)
 	return p, nil
+}
+
+// AdmitPod returns the name of the pod of a batch with this topic and
+// data-parallel rank from src (see PodName), and creates the pod unless
+// it is refused: a RefusedError when a name is not valid or MaxPods pods
+// are known. Callers that keep state per pod call it before keeping any.
+func (ix *Indexer) AdmitPod(topic []byte, rank int, src Source) (string, error) {
+	var buf [128]byte
+	name, modelName := appendPodName(buf[:0], topic, rank, src)
+	p, err := ix.pod(name, modelName)
+	if err != nil {
+		return "", err
+	}
+	return p.name, nil
+}
+
+// refuse counts a refused batch and returns its RefusedError.
+func (ix *Indexer) refuse(reason, format string, a ...any) error {
+	ix.metrics.refused.WithLabelValues(reason).Inc()
+	return refuse(reason, format, a...)
 }
 
 // Apply applies one batch. The batch's topic names the pod and model; src
@@ -166,6 +233,9 @@ func (ix *Indexer) Apply(ctx context.Context, b *events.Batch, src Source) error
 	name, modelName := appendPodName(buf[:0], b.Topic, b.DPRank, src)
 	p, err := ix.pod(name, modelName)
 	if err != nil {
+		return err
+	}
+	if err := ix.checkLoRAs(b); err != nil {
 		return err
 	}
 	if p.model.mode() == KeyModeAuto {
@@ -190,16 +260,25 @@ func (ix *Indexer) applyBatch(ctx context.Context, p *pod, mode KeyMode, b *even
 			return fmt.Errorf("pod %s seq %d event %d: %w", p.name, b.Seq, i, err)
 		}
 	}
-	if b.Skipped > 0 {
-		p.events[events.KindUnknown].Add(float64(b.Skipped))
+	p.countEvents(ix, events.KindUnknown, b.Skipped)
+	return nil
+}
+
+// checkLoRAs refuses a batch whose events name an adapter by a name that
+// is not valid (events.CheckName): nothing of it is applied.
+func (ix *Indexer) checkLoRAs(b *events.Batch) error {
+	for i := range b.Events {
+		if l := b.Events[i].LoRAName; len(l) > 0 {
+			if err := events.CheckName(l); err != nil {
+				return ix.refuse(RefuseInvalidLoRA, "event %d: lora_name %q: %w", i, l, err)
+			}
+		}
 	}
 	return nil
 }
 
 func (ix *Indexer) applyEvent(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
-	if int(e.Kind) < len(p.events) {
-		p.events[e.Kind].Inc()
-	}
+	p.countEvents(ix, e.Kind, 1)
 	switch e.Kind {
 	case events.KindBlockStored:
 		return ix.stored(ctx, p, mode, e)
@@ -377,6 +456,9 @@ func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
 	if p == nil {
 		return nil
 	}
+	if ix.sizer != nil {
+		ix.sizer.SetCacheBlocks(podName, 0)
+	}
 	ix.dropPending(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -472,15 +554,25 @@ func (ix *Indexer) LastSeq(podName string) (seq uint64, ok bool) {
 	return p.seq, p.hasSeq
 }
 
-// learnLoRA records that adapter name is served on top of base.
+// learnLoRA records that adapter name is served on top of base, unless
+// MaxLoRAs adapters are known (counted). The caller may hold a pod's lock:
+// loraMu comes after it.
 func (ix *Indexer) learnLoRA(name []byte, base string) {
-	ix.mu.RLock()
+	ix.loraMu.RLock()
 	_, ok := ix.loras[string(name)] // no allocation: map index by converted bytes
-	ix.mu.RUnlock()
+	full := len(ix.loras) >= ix.opts.MaxLoRAs
+	ix.loraMu.RUnlock()
 	if ok || len(name) == 0 || bytes.Equal(name, []byte(base)) {
 		return
 	}
-	ix.mu.Lock()
-	ix.loras[string(name)] = base
-	ix.mu.Unlock()
+	if !full {
+		ix.loraMu.Lock()
+		if full = len(ix.loras) >= ix.opts.MaxLoRAs; !full {
+			ix.loras[string(name)] = base
+		}
+		ix.loraMu.Unlock()
+	}
+	if full {
+		ix.metrics.lorasUnlearned.Inc()
+	}
 }

@@ -324,7 +324,9 @@ func TestRemovePodDeletesItsSeries(t *testing.T) {
 		f.send(pod, 0, f.stored(a, 0, 2, events.MediumGPU))
 		f.ix.SetStale(pod, true)
 	}
-	perPod := int(events.KindAllBlocksCleared) + 1 + 1 // events by kind, and stale
+	// A series for each kind of event the pod sent (BlockStored only),
+	// not one for every kind, and stale.
+	perPod := 2
 	if n := podSeries(t, reg, "p:1"); n != perPod {
 		t.Fatalf("p:1 has %d series before removal, want %d", n, perPod)
 	}

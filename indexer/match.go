@@ -139,8 +139,10 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 // resolve finds the model a query names and the LoRA adapter it targets.
 func (ix *Indexer) resolve(q *Query) (m *model, lora string, err error) {
 	name := q.Model
-	ix.mu.RLock()
+	ix.loraMu.RLock()
 	base, isLoRA := ix.loras[name]
+	ix.loraMu.RUnlock()
+	ix.mu.RLock()
 	_, known := ix.models[name]
 	names := make([]string, 0, len(ix.models))
 	if !known && !isLoRA {

@@ -20,6 +20,9 @@ type Metrics struct {
 	keyMode    *prometheus.GaugeVec   // by model, mode
 	clears     *prometheus.CounterVec // by reason
 	stale      *prometheus.GaugeVec   // by pod
+	refused    *prometheus.CounterVec // batches, by reason
+	// lorasUnlearned counts adapter names not learned: MaxLoRAs were known.
+	lorasUnlearned prometheus.Counter
 }
 
 // NewMetrics builds the metrics and registers them with reg, which may be nil.
@@ -54,8 +57,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while a pod's events are known to be incomplete (a gap replay could not fill), 0 once consistent.",
 		}, []string{"pod"}),
 	}
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_batches_refused_total",
+		Help: "Batches refused whole, before any of their events applied, by reason (invalid_pod, invalid_model, invalid_lora, max_pods, max_models).",
+	}, []string{"reason"})
+	m.lorasUnlearned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "prefixd_loras_unlearned_total",
+		Help: "LoRA adapter names seen in events and not learned because the adapter limit (--max-loras) was reached.",
+	})
 	if reg != nil {
-		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears, m.stale)
+		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears, m.stale, m.refused, m.lorasUnlearned)
 	}
 	return m
 }

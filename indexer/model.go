@@ -46,6 +46,9 @@ func (ix *Indexer) model(name string) (*model, error) {
 	if m != nil {
 		return m, nil
 	}
+	if ix.fullOfModels() {
+		return nil, ix.refuse(RefuseMaxModels, "model %s: %d models are known, the limit (--max-models)", name, ix.opts.MaxModels)
+	}
 	opts := ix.opts.model(name)
 	engine, own, err := newHashers(opts)
 	if err != nil {
@@ -56,11 +59,20 @@ func (ix *Indexer) model(name string) (*model, error) {
 	if m = ix.models[name]; m != nil {
 		return m, nil
 	}
+	if len(ix.models) >= ix.opts.MaxModels {
+		return nil, ix.refuse(RefuseMaxModels, "model %s: %d models are known, the limit (--max-models)", name, ix.opts.MaxModels)
+	}
 	m = &model{name: name, opts: opts, engine: engine, own: own}
 	m.decided.Store(uint32(opts.KeyMode))
 	ix.models[name] = m
 	ix.metrics.keyMode.WithLabelValues(name, opts.KeyMode.String()).Set(1)
 	return m, nil
+}
+
+func (ix *Indexer) fullOfModels() bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return len(ix.models) >= ix.opts.MaxModels
 }
 
 func (m *model) mode() KeyMode { return KeyMode(m.decided.Load()) }

@@ -1,9 +1,9 @@
 package indexer
 
 import (
-	"errors"
 	"fmt"
 
+	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/store"
 )
 
@@ -57,6 +57,10 @@ type ModelOptions struct {
 	// LoRAs names adapters served on top of this model, known before any
 	// event names them.
 	LoRAs []string
+	// CacheBlocks is the KV cache size of each replica serving the model,
+	// in blocks (vLLM's num_gpu_blocks), or 0 when unknown. A store that
+	// is full takes room first from pods holding more than that.
+	CacheBlocks int
 }
 
 // DefaultModelOptions are the options of a model nobody configured: the
@@ -92,6 +96,15 @@ type Options struct {
 	// AutoPendingBatches bounds the batches held per model while key mode
 	// auto is undecided; when full, the model settles on tokens.
 	AutoPendingBatches int
+	// MaxPods bounds the pods known at once: a batch of one more is refused
+	// (RefuseMaxPods) until one leaves.
+	MaxPods int
+	// MaxModels bounds the models known at once, configured ones included:
+	// a batch naming one more is refused (RefuseMaxModels).
+	MaxModels int
+	// MaxLoRAs bounds the LoRA adapters learned from events; adapters
+	// named after that are not learned (counted), their blocks still are.
+	MaxLoRAs int
 }
 
 // DefaultOptions returns the defaults: tier weights GPU 1.0, CPU 0.8, disk 0.6.
@@ -102,8 +115,14 @@ func DefaultOptions() Options {
 		TierWeights:        [store.NumTiers]float64{1.0, 0.8, 0.6},
 		AutoDecideAfter:    4,
 		AutoPendingBatches: 256,
+		MaxPods:            DefaultMaxPods,
+		MaxModels:          256,
+		MaxLoRAs:           4096,
 	}
 }
+
+// DefaultMaxPods is the default of Options.MaxPods.
+const DefaultMaxPods = 10_000
 
 // Validate reports the first invalid field, by name.
 func (o Options) Validate() error {
@@ -111,8 +130,16 @@ func (o Options) Validate() error {
 		return fmt.Errorf("default model: %w", err)
 	}
 	for name, m := range o.Models {
-		if name == "" {
-			return errors.New("models: empty model name")
+		if err := events.CheckLabel([]byte(name)); err != nil {
+			return fmt.Errorf("models: model name %q: %w", name, err)
+		}
+		for _, l := range m.LoRAs {
+			if err := events.CheckName([]byte(l)); err != nil {
+				return fmt.Errorf("model %q: lora %q: %w", name, l, err)
+			}
+		}
+		if m.CacheBlocks < 0 {
+			return fmt.Errorf("model %q: cache blocks %d: want >= 0", name, m.CacheBlocks)
 		}
 		if err := m.Validate(); err != nil {
 			return fmt.Errorf("model %q: %w", name, err)
@@ -128,6 +155,15 @@ func (o Options) Validate() error {
 	}
 	if o.AutoPendingBatches <= 0 {
 		return fmt.Errorf("auto pending batches %d: want > 0", o.AutoPendingBatches)
+	}
+	if o.MaxPods <= 0 {
+		return fmt.Errorf("max pods %d: want > 0", o.MaxPods)
+	}
+	if o.MaxModels < len(o.Models)+1 {
+		return fmt.Errorf("max models %d: want more than the %d configured models", o.MaxModels, len(o.Models))
+	}
+	if o.MaxLoRAs < 0 {
+		return fmt.Errorf("max loras %d: want >= 0", o.MaxLoRAs)
 	}
 	return nil
 }

@@ -223,7 +223,7 @@ func TestRecordingsMatchReference(t *testing.T) {
 					mo := base
 					mo.KeyMode = mode
 					ix, st := newMemoryIndexer(t, mo)
-					if err := ix.ApplyRecorded(context.Background(), rec); err != nil {
+					if _, err := ix.ApplyRecorded(context.Background(), rec); err != nil {
 						t.Fatal(err)
 					}
 					counts := podCounts(t, st)

@@ -100,27 +100,36 @@ func (rec *Recorded) read(path, defaultModel string, bySeq map[string]map[uint64
 }
 
 // ApplyRecorded applies recorded batches: each pod's in order, pods in
-// parallel. It returns the first error.
-func (ix *Indexer) ApplyRecorded(ctx context.Context, rec *Recorded) error {
+// parallel. A batch the indexer refuses (RefusedError: a name that is not
+// valid, a limit reached) is skipped and counted in the result by reason;
+// any other error stops its pod's batches and is returned, the first one.
+func (ix *Indexer) ApplyRecorded(ctx context.Context, rec *Recorded) (refused map[string]int, err error) {
 	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
+		wg sync.WaitGroup
+		mu sync.Mutex // protects refused and err
 	)
+	refused = make(map[string]int)
 	for pod, batches := range rec.Pods {
 		wg.Go(func() {
 			for _, b := range batches {
-				if err := ix.Apply(ctx, b, rec.Sources[pod]); err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
+				aerr := ix.Apply(ctx, b, rec.Sources[pod])
+				if aerr == nil {
+					continue
+				}
+				mu.Lock()
+				reason := RefusedReason(aerr)
+				if reason != "" {
+					refused[reason]++
+				} else if err == nil {
+					err = aerr
+				}
+				mu.Unlock()
+				if reason == "" {
 					return
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return firstErr
+	return refused, err
 }

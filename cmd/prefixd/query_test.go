@@ -35,7 +35,7 @@ func serveRecording(t *testing.T, events string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ix.ApplyRecorded(context.Background(), rec); err != nil {
+	if _, err := ix.ApplyRecorded(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := rpc.New(ix, rpc.DefaultOptions())

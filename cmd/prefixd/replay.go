@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
@@ -59,8 +61,12 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, f := range rec.TornTails {
 		fmt.Fprintf(stderr, "%s: ends inside a record (still being written?); read up to it\n", f)
 	}
-	if err := ix.ApplyRecorded(ctx, rec); err != nil {
+	refused, err := ix.ApplyRecorded(ctx, rec)
+	if err != nil {
 		return err
+	}
+	for _, reason := range slices.Sorted(maps.Keys(refused)) {
+		fmt.Fprintf(stderr, "refused %d batches: %s\n", refused[reason], reason)
 	}
 	pods, err := ix.Pods(ctx)
 	if err != nil {

@@ -92,7 +92,7 @@ func TestDataParallelOutageRepaired(t *testing.T) {
 		rec.Pods[pod] = kept
 	}
 	ref := newIndexer(t)
-	if err := ref.ApplyRecorded(context.Background(), rec); err != nil {
+	if _, err := ref.ApplyRecorded(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	requests := filepath.Join(dir, "requests-3.jsonl")

@@ -151,7 +151,7 @@ func referenceOf(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	ix := newIndexer(t)
-	if err := ix.ApplyRecorded(context.Background(), rec); err != nil {
+	if _, err := ix.ApplyRecorded(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	return snapshot(t, ix)

@@ -19,9 +19,20 @@ const (
 	ReplayUnavailable = "unavailable"
 )
 
-// DropSourceRemoved is the reason of prefixd_ingest_dropped_total for
-// messages of a source removed by RemoveSource and not set again.
-const DropSourceRemoved = "source_removed"
+// Reasons of prefixd_ingest_dropped_total written by this package, besides
+// the indexer's refusals (indexer.RefuseInvalidPod and the others), which
+// are counted under their own names.
+const (
+	// DropSourceRemoved: a message of a source removed by RemoveSource and
+	// not set again.
+	DropSourceRemoved = "source_removed"
+	// DropForeignTopic: a publisher that connected to a bound address sent
+	// a topic naming a pod at another address (Options.TrustTopics).
+	DropForeignTopic = "foreign_topic"
+	// DropPanic: handling the message panicked (a bug, logged with its
+	// stack and counted in prefixd_panics_total).
+	DropPanic = "panic"
+)
 
 // Metrics are the pipeline's Prometheus metrics.
 //

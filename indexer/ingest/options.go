@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"runtime"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/recovery"
 )
 
 // Source configures one source endpoint: a publisher prefixd connects to.
@@ -38,6 +40,15 @@ type Options struct {
 	DefaultModel string
 	// ReplayTimeout bounds one replay request.
 	ReplayTimeout time.Duration
+	// TrustTopics accepts a kv@IP:PORT@MODEL topic from a publisher that
+	// connected to a bound address whatever its source address. By default
+	// such a message is accepted only when IP is the connection's source
+	// address, so that a publisher writes only its own pods; NAT and
+	// proxies between replicas and prefixd need TrustTopics.
+	TrustTopics bool
+	// Recovery counts and logs a panic while handling a message; nil
+	// logs it to Logger and counts nothing.
+	Recovery *recovery.Guard
 	// Logger receives gaps, resets and failures; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -10,10 +10,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/transport"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/ratelog"
 )
 
 // Replayer asks a publisher's replay endpoint for the batches it buffers
@@ -55,6 +57,8 @@ type Pipeline struct {
 
 	// applied and appliedEvents count the batches and events applied.
 	applied, appliedEvents atomic.Uint64
+	// refusals bounds the log lines of refused messages.
+	refusals *ratelog.Limiter
 }
 
 // Applied returns how many batches, and events in them, were applied so far.
@@ -87,6 +91,8 @@ func New(ix *indexer.Indexer, rp Replayer, opts Options, m *Metrics) (*Pipeline,
 
 		sources: maps.Collect(maps.All(opts.Sources)), // never nil, unlike a clone of nil
 		gone:    make(map[string]struct{}),
+
+		refusals: ratelog.New(10 * time.Second),
 	}, nil
 }
 
@@ -142,8 +148,10 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan transport.Message) error {
 		select {
 		case w.in <- m:
 		case <-ctx.Done():
+			m.Release()
 			return nil
 		case <-p.stop:
+			m.Release()
 			return nil
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"time"
 
 	"github.com/prefixd/prefixd/events"
@@ -34,6 +36,7 @@ type worker struct {
 type podState struct {
 	name   string
 	source string // transport.Message.Source of the pod's last message
+	peer   string // transport.Message.Peer of the last message checked against the topic
 	last   uint64 // seq of the last batch applied
 	known  bool   // a batch was applied since the pod was seen or reset
 }
@@ -49,6 +52,7 @@ func (w *worker) run(ctx context.Context) {
 				return
 			}
 			if ctx.Err() != nil {
+				m.Release()
 				continue // shutting down: drain without applying
 			}
 			w.handle(ctx, &m)
@@ -58,7 +62,22 @@ func (w *worker) run(ctx context.Context) {
 	}
 }
 
+// handle applies one message and releases it. A panic while doing so is
+// counted and logged; the pod, whose batch may be half applied, is
+// marked stale and handled as after a gap by its next batch.
 func (w *worker) handle(ctx context.Context, m *transport.Message) {
+	defer m.Release()
+	var st *podState
+	defer func() {
+		if r := recover(); r != nil {
+			_ = w.p.opts.Recovery.Error(r, "ingest")
+			w.p.m.dropped.WithLabelValues(DropPanic, m.Source).Inc()
+			if st != nil {
+				w.p.ix.SetStale(st.name, true)
+				st.known = false
+			}
+		}
+	}()
 	p := w.p
 	src, ok := p.source(m)
 	if !ok {
@@ -71,7 +90,11 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 		p.log.Debug("kv event message dropped: does not decode", "source", m.Source, "peer", m.Peer, "err", err)
 		return
 	}
-	st := w.pod(b, src)
+	st, err := w.pod(b, src, m)
+	if err != nil {
+		w.refused(m, err)
+		return
+	}
 	st.source = m.Source
 	name := st.name
 	switch {
@@ -99,6 +122,44 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 	default:
 		w.apply(ctx, b, src, name, st)
 	}
+}
+
+// refused counts and logs, at a bounded rate, a message dropped before it
+// reached a pod: a foreign topic or a refusal of the indexer.
+func (w *worker) refused(m *transport.Message, err error) {
+	p := w.p
+	reason := DropForeignTopic
+	if !errors.Is(err, errForeignTopic) {
+		reason = indexer.RefusedReason(err)
+	}
+	p.m.dropped.WithLabelValues(reason, m.Source).Inc()
+	if ok, suppressed := p.refusals.Allow(); ok {
+		p.log.Warn("kv event message refused", "reason", reason, "source", m.Source, "peer", m.Peer, "err", err, "refusals_not_logged", suppressed)
+	}
+}
+
+// errForeignTopic is returned by worker.pod for a message whose topic names
+// a pod at another address than the publisher's.
+var errForeignTopic = errors.New("the topic names a pod at another address than the publisher's source address (--zmq-trust-topics accepts it)")
+
+// fromPeer reports whether a kv@ topic's pod (IP:PORT or [IP]:PORT) has
+// the address of peer (the connection's remote IP:PORT) as its host.
+// Topics that name no pod are the peer's own.
+func fromPeer(topic []byte, peer string) bool {
+	pod, _, ok := events.ParseTopic(topic)
+	if !ok {
+		return true
+	}
+	pa, err := netip.ParseAddrPort(peer)
+	if err != nil {
+		return false
+	}
+	host, _, err := net.SplitHostPort(string(pod))
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap() == pa.Addr().Unmap()
 }
 
 // removal is what one worker removed for RemoveSource.
@@ -157,8 +218,17 @@ func sweep(cache map[string][]*podState, pods map[string]*podState) {
 // without building the pod's name.
 const maxCachedRank = 64
 
-// pod returns the state of the pod of batch b from source src.
-func (w *worker) pod(b *events.Batch, src indexer.Source) *podState {
+// maxCachedTopics bounds a worker's byTopic entries: topics are the
+// publishers' to choose.
+const maxCachedTopics = 4096
+
+// pod returns the state of the pod of batch b, message m, from source src.
+// A pod new to the worker is admitted by the indexer first, so that no
+// state is kept for a pod it refuses. Unless Options.TrustTopics, a
+// message that reached a bound address must come from the address its
+// topic names (errForeignTopic).
+func (w *worker) pod(b *events.Batch, src indexer.Source, m *transport.Message) (*podState, error) {
+	verify := m.Inbound && !w.p.opts.TrustTopics
 	_, _, byTopic := events.ParseTopic(b.Topic)
 	var ranks []*podState
 	if byTopic {
@@ -168,15 +238,29 @@ func (w *worker) pod(b *events.Batch, src indexer.Source) *podState {
 	}
 	rank := b.DPRank
 	if rank >= 0 && rank < len(ranks) && ranks[rank] != nil {
-		return ranks[rank]
+		st := ranks[rank]
+		if verify && st.peer != m.Peer {
+			if !fromPeer(b.Topic, m.Peer) {
+				return nil, errForeignTopic
+			}
+			st.peer = m.Peer
+		}
+		return st, nil
 	}
-	name, _ := indexer.PodName(b.Topic, rank, src)
+	if verify && !fromPeer(b.Topic, m.Peer) {
+		return nil, errForeignTopic
+	}
+	name, err := w.p.ix.AdmitPod(b.Topic, rank, src)
+	if err != nil {
+		return nil, err
+	}
 	st := w.pods[name]
 	if st == nil {
 		st = &podState{name: name}
 		w.pods[name] = st
 	}
-	if rank >= 0 && rank < maxCachedRank {
+	st.peer = m.Peer
+	if rank >= 0 && rank < maxCachedRank && (!byTopic || ranks != nil || len(w.byTopic) < maxCachedTopics) {
 		if rank >= len(ranks) {
 			ranks = append(ranks, make([]*podState, rank+1-len(ranks))...)
 		}
@@ -187,7 +271,7 @@ func (w *worker) pod(b *events.Batch, src indexer.Source) *podState {
 			w.bySource[src.Pod] = ranks
 		}
 	}
-	return st
+	return st, nil
 }
 
 // repair handles a gap before the live batch b: it replays the pod's
@@ -254,9 +338,16 @@ func (w *worker) repair(ctx context.Context, m *transport.Message, b *events.Bat
 func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source, name string, st *podState) {
 	p := w.p
 	if err := p.ix.Apply(ctx, b, src); err != nil {
-		p.m.applyErrors.WithLabelValues(name).Inc()
 		p.ix.SetStale(name, true)
-		p.log.Warn("batch not applied: pod marked stale", "pod", name, "seq", b.Seq, "err", err)
+		if reason := indexer.RefusedReason(err); reason != "" {
+			p.m.dropped.WithLabelValues(reason, st.source).Inc()
+			if ok, suppressed := p.refusals.Allow(); ok {
+				p.log.Warn("batch refused: pod marked stale", "pod", name, "seq", b.Seq, "reason", reason, "err", err, "refusals_not_logged", suppressed)
+			}
+		} else {
+			p.m.applyErrors.WithLabelValues(name).Inc()
+			p.log.Warn("batch not applied: pod marked stale", "pod", name, "seq", b.Seq, "err", err)
+		}
 	}
 	st.last, st.known = b.Seq, true
 	p.m.batches.Inc()
