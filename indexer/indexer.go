@@ -30,8 +30,8 @@ import (
 // while it reads each pod) cannot wait on an Apply that waits on it.
 type Indexer struct {
 	store   store.Store
-	chainer store.Chainer    // store, when it keeps chains together; else nil
-	sizer   cacheSizer       // store, when it shares capacity by cache size; else nil
+	chainer store.Chainer // store, when it keeps chains together; else nil
+	sizer   cacheSizer    // store, when it shares capacity by cache size; else nil
 	opts    Options
 	metrics *Metrics
 	log     *slog.Logger
