@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"unicode"
 	"unicode/utf8"
 )
@@ -54,6 +55,17 @@ func CheckName(name []byte) error {
 		i += n
 	}
 	return nil
+}
+
+// Quote returns name quoted for a log line or an error, cut to its first
+// 64 bytes when longer (with its length said): names that failed a check
+// are a hostile peer's to choose, and may be megabytes.
+func Quote(name []byte) string {
+	const show = 64
+	if len(name) <= show {
+		return strconv.Quote(string(name))
+	}
+	return fmt.Sprintf("%q... (%d bytes)", name[:show], len(name))
 }
 
 func checkLen(name []byte) error {

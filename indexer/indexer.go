@@ -172,12 +172,12 @@ func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
 		return p, nil
 	}
 	if err := events.CheckLabel(nameBytes); err != nil {
-		return nil, ix.refuse(RefuseInvalidPod, "pod %q: %w", nameBytes, err)
+		return nil, ix.refuse(RefuseInvalidPod, "pod %s: %w", events.Quote(nameBytes), err)
 	}
 	modelName := ix.opts.DefaultModel
 	if len(modelBytes) > 0 {
 		if err := events.CheckLabel(modelBytes); err != nil {
-			return nil, ix.refuse(RefuseInvalidModel, "model %q of pod %s: %w", modelBytes, nameBytes, err)
+			return nil, ix.refuse(RefuseInvalidModel, "model %s of pod %s: %w", events.Quote(modelBytes), nameBytes, err)
 		}
 		modelName = string(modelBytes)
 	}
@@ -270,7 +270,7 @@ func (ix *Indexer) checkLoRAs(b *events.Batch) error {
 	for i := range b.Events {
 		if l := b.Events[i].LoRAName; len(l) > 0 {
 			if err := events.CheckName(l); err != nil {
-				return ix.refuse(RefuseInvalidLoRA, "event %d: lora_name %q: %w", i, l, err)
+				return ix.refuse(RefuseInvalidLoRA, "event %d: lora_name %s: %w", i, events.Quote(l), err)
 			}
 		}
 	}

@@ -74,6 +74,9 @@ func (o ModelOptions) Validate() error {
 	if o.KeyMode > KeyModeTokens {
 		return fmt.Errorf("key mode %d: unknown", o.KeyMode)
 	}
+	if o.CacheBlocks < 0 {
+		return fmt.Errorf("cache blocks %d: want >= 0", o.CacheBlocks)
+	}
 	if _, _, err := newHashers(o); err != nil {
 		return err
 	}
@@ -138,9 +141,7 @@ func (o Options) Validate() error {
 				return fmt.Errorf("model %q: lora %q: %w", name, l, err)
 			}
 		}
-		if m.CacheBlocks < 0 {
-			return fmt.Errorf("model %q: cache blocks %d: want >= 0", name, m.CacheBlocks)
-		}
+
 		if err := m.Validate(); err != nil {
 			return fmt.Errorf("model %q: %w", name, err)
 		}

@@ -23,7 +23,7 @@ import (
 //	hash-scheme: llmd
 //	models:
 //	  llama-3-8b: {hash-scheme: vllm-sha256-cbor, hash-seed: "0", block-size: 16, key-mode: engine}
-//	  sim-model:  {hash-seed: "42", loras: [sql-lora]}
+//	  sim-model:  {hash-seed: "42", loras: [sql-lora], cache-blocks: 8192}
 type fileConfig struct {
 	path   string
 	flags  map[string]yaml.Node
@@ -37,6 +37,8 @@ type modelConfig struct {
 	BlockSize  *int     `yaml:"block-size"`
 	KeyMode    *string  `yaml:"key-mode"`
 	LoRAs      []string `yaml:"loras"`
+	// CacheBlocks is each replica's KV cache size in blocks.
+	CacheBlocks *int `yaml:"cache-blocks"`
 }
 
 // loadConfig reads a configuration file; errors name the file and field.
@@ -126,6 +128,9 @@ func (c *fileConfig) modelOptions(base indexer.ModelOptions) (map[string]indexer
 		}
 		if m.BlockSize != nil {
 			mo.BlockSize = *m.BlockSize
+		}
+		if m.CacheBlocks != nil {
+			mo.CacheBlocks = *m.CacheBlocks
 		}
 		if m.KeyMode != nil {
 			km, err := indexer.ParseKeyMode(*m.KeyMode)

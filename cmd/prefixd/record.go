@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixd/prefixd/events/recording"
 	"github.com/prefixd/prefixd/events/transport"
+	"github.com/prefixd/prefixd/internal/recovery"
 )
 
 func runRecord(ctx context.Context, args []string, _, stderr io.Writer) error {
@@ -41,11 +42,8 @@ func runRecord(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 
-	topts := transport.DefaultOptions()
-	topts.Topic = zf.topic
-	topts.Logger = log
 	reg := prometheus.NewRegistry()
-	sub, err := transport.NewSubscriber(topts, transport.NewMetrics(reg))
+	sub, err := transport.NewSubscriber(zf.subscriberOptions(log, recovery.New(reg, log)), transport.NewMetrics(reg))
 	if err != nil {
 		return err
 	}
@@ -72,7 +70,9 @@ func runRecord(ctx context.Context, args []string, _, stderr io.Writer) error {
 	n := 0
 	add := func(m transport.Message) error {
 		n++
-		return w.Append(recording.Message{RecvTime: m.RecvTime, Source: m.Source, Peer: m.Peer, Frames: m.Frames})
+		err := w.Append(recording.Message{RecvTime: m.RecvTime, Source: m.Source, Peer: m.Peer, Frames: m.Frames})
+		m.Release() // Append has copied the frames
+		return err
 	}
 	var werr error
 loop:

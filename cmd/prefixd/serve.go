@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/prefixd/prefixd/events/transport"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/ingest"
+	"github.com/prefixd/prefixd/internal/recovery"
 	"github.com/prefixd/prefixd/rpc"
 	"github.com/prefixd/prefixd/store/memory"
 )
@@ -88,6 +90,9 @@ type zmqFlags struct {
 
 	parsedConnects []connectSpec
 	parsedReplays  map[string]string // pod -> replay endpoint
+
+	// opts holds the subscriber's limits from their flags.
+	opts transport.Options
 }
 
 func (z *zmqFlags) register(fs *flag.FlagSet, withReplay bool) {
@@ -104,6 +109,15 @@ func (z *zmqFlags) register(fs *flag.FlagSet, withReplay bool) {
 		fs.DurationVar(&z.endpointsInterval, "zmq-endpoints-interval", 2*time.Second, "how often --zmq-endpoints is checked for changes")
 	}
 	fs.StringVar(&z.topic, "zmq-topic", transport.DefaultTopic, "subscription topic prefix (\"\" for vLLM's default empty topic)")
+	z.opts = transport.DefaultOptions()
+	z.opts.AddFlags(fs)
+}
+
+// subscriberOptions returns the subscriber's options from the flags.
+func (z *zmqFlags) subscriberOptions(log *slog.Logger, guard *recovery.Guard) transport.Options {
+	o := z.opts
+	o.Topic, o.Logger, o.Recovery = z.topic, log, guard
+	return o
 }
 
 // parse validates the flags; errors are usage errors on fs's output.
@@ -125,6 +139,9 @@ func (z *zmqFlags) parse(fs *flag.FlagSet) error {
 	}
 	if z.endpointsFile != "" && z.endpointsInterval <= 0 {
 		return usageErrorf(fs, "--zmq-endpoints-interval %v: want > 0", z.endpointsInterval)
+	}
+	if err := z.opts.Validate(); err != nil {
+		return usageErrorf(fs, "%v", err)
 	}
 	if len(z.binds.vals) == 0 && len(z.connects.vals) == 0 && z.endpointsFile == "" {
 		z.binds.vals = []string{defaultZMQBind}
@@ -171,7 +188,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		drain    = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long queries in flight may take before they are cut off")
 		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")
 		lf       logFlags
+		il       indexLimits
 	)
+	il.register(fs)
 	lf.register(fs)
 	limits := rpc.DefaultLimits()
 	limits.AddFlags(fs)
@@ -205,6 +224,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if *drain <= 0 {
 		return usageErrorf(fs, "--drain-timeout %v: want > 0", *drain)
 	}
+	if err := il.validate(fs); err != nil {
+		return err
+	}
 	defaultModel := hf.model
 	if defaultModel == "" {
 		defaultModel = "default"
@@ -222,22 +244,25 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	opts := indexer.DefaultOptions()
+	mo.CacheBlocks = il.cacheBlocks
 	opts.Default = mo
 	opts.DefaultModel = defaultModel
+	opts.MaxPods, opts.MaxModels, opts.MaxLoRAs = il.maxPods, il.maxModels, il.maxLoRAs
 	if cfg != nil {
 		if opts.Models, err = cfg.modelOptions(mo); err != nil {
 			return usageErrorf(fs, "config: %v", err)
 		}
 	}
+	if err := opts.Validate(); err != nil {
+		return usageErrorf(fs, "%v", err)
+	}
 	ix, err := indexer.New(st, opts, indexer.NewMetrics(reg), log)
 	if err != nil {
 		return err
 	}
+	guard := recovery.New(reg, log)
 
-	topts := transport.DefaultOptions()
-	topts.Topic = zf.topic
-	topts.Logger = log
-	sub, err := transport.NewSubscriber(topts, transport.NewMetrics(reg))
+	sub, err := transport.NewSubscriber(zf.subscriberOptions(log, guard), transport.NewMetrics(reg))
 	if err != nil {
 		return err
 	}
@@ -251,6 +276,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		Sources:      sources,
 		Replay:       zf.parsedReplays,
 		DefaultModel: defaultModel,
+		TrustTopics:  il.trustTopics,
+		Recovery:     guard,
 		Logger:       log,
 	}, ingest.NewMetrics(reg))
 	if err != nil {
@@ -262,7 +289,18 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	var ready atomic.Bool
-	srv := &http.Server{Handler: newServeMux(api.HTTPHandler(), reg, &ready), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler: newServeMux(api.HTTPHandler(), reg, &ready),
+		// A query body of the largest size takes well under a second on any
+		// network a router shares with prefixd; a client that trickles it,
+		// or sits on an idle connection, holds a connection and a share of
+		// the query byte budget.
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	var lc net.ListenConfig
 	hl, err := lc.Listen(ctx, "tcp", *httpAddr)
 	if err != nil {
@@ -366,6 +404,35 @@ func newServeMux(api http.Handler, reg *prometheus.Registry, ready *atomic.Bool)
 	})
 	mux.Handle("/v1/", api)
 	return mux
+}
+
+// indexLimits are the flags bounding what events can make the indexer keep.
+type indexLimits struct {
+	maxPods, maxModels, maxLoRAs int
+	cacheBlocks                  int
+	trustTopics                  bool
+}
+
+func (l *indexLimits) register(fs *flag.FlagSet) {
+	d := indexer.DefaultOptions()
+	fs.IntVar(&l.maxPods, "max-pods", memory.MaxPods, fmt.Sprintf("most pods known at once; batches of more are refused and counted\n"+
+		"(prefixd_batches_refused_total{reason=\"max_pods\"}); at most %d, the in-memory index's limit", memory.MaxPods))
+	fs.IntVar(&l.maxModels, "max-models", d.MaxModels, "most models known at once, configured ones included; batches naming more are refused")
+	fs.IntVar(&l.maxLoRAs, "max-loras", d.MaxLoRAs, "most LoRA adapters learned from events' lora_name")
+	fs.IntVar(&l.cacheBlocks, "cache-blocks", 0, "each replica's KV cache size in blocks (vLLM's num_gpu_blocks), 0 when unknown;\n"+
+		"when the index is full, pods holding more lose their own blocks first (per model: cache-blocks in --config)")
+	fs.BoolVar(&l.trustTopics, "zmq-trust-topics", false, "accept a kv@IP:PORT@MODEL topic from a publisher at any source address\n"+
+		"(by default only from IP: a publisher writes only its own pods); for NAT and proxies")
+}
+
+func (l *indexLimits) validate(fs *flag.FlagSet) error {
+	if l.maxPods < 1 || l.maxPods > memory.MaxPods {
+		return usageErrorf(fs, "--max-pods %d: want 1 to %d (the in-memory index's limit)", l.maxPods, memory.MaxPods)
+	}
+	if l.cacheBlocks < 0 {
+		return usageErrorf(fs, "--cache-blocks %d: want 0 (unknown) or more", l.cacheBlocks)
+	}
+	return nil
 }
 
 // ingestRates gives the gRPC Stats method the pipeline's recent rates and

@@ -57,7 +57,20 @@ func bind(t *testing.T, s *Subscriber) string {
 	return ep
 }
 
+// detach returns a copy of m that owns its frames, and releases m.
+func detach(m Message) Message {
+	frames := make([][]byte, len(m.Frames))
+	for i, f := range m.Frames {
+		frames[i] = append([]byte{}, f...)
+	}
+	m.Release()
+	m.Frames, m.lease = frames, nil
+	return m
+}
+
 // recv returns the next n messages, failing the test if they do not come.
+// They are released (and copied first): the Subscriber's budget does not
+// count them.
 func recv(t *testing.T, s *Subscriber, n int) []Message {
 	t.Helper()
 	out := make([]Message, 0, n)
@@ -69,7 +82,7 @@ func recv(t *testing.T, s *Subscriber, n int) []Message {
 			if !ok {
 				t.Fatalf("queue closed after %d of %d messages", len(out), n)
 			}
-			out = append(out, m)
+			out = append(out, detach(m))
 		case <-deadline.C:
 			t.Fatalf("received %d of %d messages within %v", len(out), n, waitLimit)
 		}

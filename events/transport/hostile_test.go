@@ -44,7 +44,7 @@ func TestGuardPreventsZmq4PanicOnHugeFrame(t *testing.T) {
 		defer func() { _ = nc.Close() }()
 		c := nc
 		if guard {
-			c = newGuardConn(nc, 64<<10, 16<<20, 8)
+			c = newGuardConn(nc, DefaultOptions(), &budget{limit: 1 << 30})
 		}
 		defer func() { panicked = recover() }()
 		zc, err := zmq4.Open(c, null.Security(), zmq4.Sub, nil, false, nil)

@@ -69,7 +69,7 @@ func sendUntilReceived(t *testing.T, p *zmqpub.Publisher, s *Subscriber, frames 
 		p.Send(frames...)
 		select {
 		case m := <-s.Messages():
-			return m
+			return detach(m)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -29,12 +29,22 @@ type ReplayFunc func(seq uint64, topic, payload []byte) error
 // either shape, ["", topic, seq, payload] or ["", seq, payload], until the
 // end marker (seq EndSeq, empty payload). The context bounds the whole
 // exchange; without a deadline DefaultReplayTimeout applies. Limits are
-// those of DefaultOptions; Subscriber.Replay uses its own and counts.
+// those of DefaultOptions, with a memory budget of its own;
+// Subscriber.Replay uses the Subscriber's limits and budget, and counts.
+// A reply counts in the budget until fn returns; one that does not fit
+// ends the replay with ErrMemory. A panic, in the exchange or in fn, ends
+// the replay with an error wrapping recovery.ErrPanic.
 func Replay(ctx context.Context, endpoint string, start uint64, fn ReplayFunc) error {
-	return replay(ctx, DefaultOptions(), nil, endpoint, start, fn)
+	o := DefaultOptions()
+	return replay(ctx, o, nil, &budget{limit: o.MaxBufferedBytes}, endpoint, start, fn)
 }
 
-func replay(ctx context.Context, opts Options, m *Metrics, endpoint string, start uint64, fn ReplayFunc) error {
+func replay(ctx context.Context, opts Options, m *Metrics, mem *budget, endpoint string, start uint64, fn ReplayFunc) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("replay from %s: %w", endpoint, opts.Recovery.Error(r, "zmq_replay"))
+		}
+	}()
 	network, addr, err := splitEndpoint(endpoint, false)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
@@ -50,15 +60,19 @@ func replay(ctx context.Context, opts Options, m *Metrics, endpoint string, star
 		return fmt.Errorf("replay from %s: %w", endpoint, err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	g := newGuardConn(nc, opts, mem)
+	var held int64 // taken from g for the reply being handled
 	defer func() {
 		stop()
 		_ = nc.Close()
+		g.release()
+		mem.release(held)
 	}()
 	// fail reports err, or the context's error when the context ended the
 	// connection.
 	fail := func(format string, a ...any) error {
 		err := fmt.Errorf(format, a...)
-		if errors.Is(err, ErrFrameTooLarge) && m != nil {
+		if (errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrMessageTooLarge)) && m != nil {
 			m.oversize.WithLabelValues(endpoint).Inc()
 		}
 		if ctx.Err() != nil {
@@ -67,11 +81,13 @@ func replay(ctx context.Context, opts Options, m *Metrics, endpoint string, star
 		return err
 	}
 
-	g := newGuardConn(nc, opts.ReadBufferSize, opts.MaxFrameBytes, opts.MaxFrames)
 	zc, err := openZMTP(g, zmq4.Dealer, false)
+	ready, _ := g.take()
+	mem.release(ready)
 	if err != nil {
 		return fail("replay from %s: %w", endpoint, err)
 	}
+	g.arm(opts.MessageTimeout)
 	var seqFrame [8]byte
 	binary.BigEndian.PutUint64(seqFrame[:], start)
 	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, seqFrame[:])); err != nil {
@@ -84,7 +100,13 @@ func replay(ctx context.Context, opts Options, m *Metrics, endpoint string, star
 		if err != nil {
 			return fail("replay from %s from seq %d: %w after %d batches: %w", endpoint, start, ErrReplayIncomplete, n, err)
 		}
+		var dropped bool
+		if held, dropped = g.take(); dropped {
+			return fail("replay from %s, reply %d: the reply does not fit in the memory budget of %d bytes: %w", endpoint, n+1, mem.limit, ErrMemory)
+		}
 		if msg.Type == zmq4.CmdMsg {
+			mem.release(held)
+			held = 0
 			continue
 		}
 		seq, topic, payload, err := parseReply(msg.Frames)
@@ -97,6 +119,8 @@ func replay(ctx context.Context, opts Options, m *Metrics, endpoint string, star
 		if err := fn(seq, topic, payload); err != nil {
 			return fmt.Errorf("replay from %s: seq %d: %w", endpoint, seq, err)
 		}
+		mem.release(held) // the slices are fn's now, out of the budget's sight
+		held = 0
 		n++
 	}
 }

@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/prefixd/prefixd/internal/ratelog"
 )
 
 // Subscriber receives the messages of many KV event publishers into one
@@ -22,8 +24,9 @@ import (
 // themselves and are connected to (Connect: vLLM with tcp://*:port).
 //
 // Every connection has one goroutine that reads it and hands each message
-// to the queue without ever waiting: a full queue drops the message,
-// counts it and flags the connection's next message with Resync. A
+// to the queue without ever waiting: a full queue, or a memory budget that
+// cannot hold the message (see Options.MaxBufferedBytes), drops it, counts
+// it and flags the connection's next message with Resync. A
 // connecting endpoint's goroutine re-dials after every error, of whatever
 // kind, with exponential backoff and jitter. It is built for a few hundred
 // publishers and a few hundred thousand ~1 KiB messages a second on one
@@ -34,6 +37,7 @@ type Subscriber struct {
 	metrics *Metrics
 	topic   []byte
 	queue   chan Message
+	mem     *budget // frames being received or queued and not released
 
 	ctx    context.Context // done when the Subscriber closes
 	cancel context.CancelFunc
@@ -69,6 +73,7 @@ func NewSubscriber(opts Options, metrics *Metrics) (*Subscriber, error) {
 		metrics:    metrics,
 		topic:      []byte(opts.Topic),
 		queue:      make(chan Message, opts.QueueSize),
+		mem:        &budget{limit: opts.MaxBufferedBytes},
 		ctx:        ctx,
 		cancel:     cancel,
 		connectors: make(map[string]*connector),
@@ -192,7 +197,7 @@ func (s *Subscriber) Close() error {
 // oversize frame under the replay endpoint. See the package function
 // Replay.
 func (s *Subscriber) Replay(ctx context.Context, endpoint string, start uint64, fn ReplayFunc) error {
-	err := replay(ctx, s.opts, s.metrics, endpoint, start, fn)
+	err := replay(ctx, s.opts, s.metrics, s.mem, endpoint, start, fn)
 	result := "ok"
 	if err != nil {
 		result = "error"
@@ -202,10 +207,15 @@ func (s *Subscriber) Replay(ctx context.Context, endpoint string, start uint64, 
 }
 
 // accept serves one bound address: each publisher that connects gets its
-// own goroutine.
+// own goroutine, within MaxPeers and MaxConnsPerHost.
 func (s *Subscriber) accept(l net.Listener, src string) {
 	defer s.wg.Done()
-	var peers atomic.Int64
+	b := &boundAddr{maxPeers: s.opts.MaxPeers, maxPerHost: s.opts.MaxConnsPerHost, hosts: make(map[netip.Addr]int)}
+	refusals := map[string]*ratelog.Limiter{
+		ConnTooMany:         ratelog.New(refusalLogInterval),
+		ConnTooManyFromHost: ratelog.New(refusalLogInterval),
+	}
+	m := s.metrics.source(src)
 	for {
 		nc, err := l.Accept()
 		if err != nil {
@@ -220,20 +230,82 @@ func (s *Subscriber) accept(l net.Listener, src string) {
 			}
 			continue
 		}
-		if peers.Load() >= int64(s.opts.MaxPeers) {
-			s.metrics.connError(ConnTooMany, src)
-			s.log.Warn("zmq sub refused a publisher: too many connected", "endpoint", src, "peer", nc.RemoteAddr().String(), "max_peers", s.opts.MaxPeers)
+		host, hasHost := hostOf(nc.RemoteAddr())
+		if reason := b.admit(host, hasHost); reason != "" {
+			s.metrics.connError(reason, src)
+			if ok, suppressed := refusals[reason].Allow(); ok {
+				s.log.Warn("zmq sub refused a publisher", "endpoint", src, "peer", nc.RemoteAddr().String(), "reason", reason,
+					"max_peers", s.opts.MaxPeers, "max_conns_per_host", s.opts.MaxConnsPerHost, "refused_unlogged", suppressed)
+			}
 			_ = nc.Close()
 			continue
 		}
-		peers.Add(1)
 		s.wg.Add(1) // the accept goroutine is counted, so Wait has not returned
 		go func() {
 			defer s.wg.Done()
-			defer peers.Add(-1)
-			s.serve(s.ctx, nc, newConnState(s.metrics, src), true)
+			defer b.leave(host, hasHost)
+			s.serve(s.ctx, nc, &connState{src: src, m: m, inbound: true})
 		}()
 	}
+}
+
+// refusalLogInterval is the least time between two log lines about
+// connections a bound address refused for one reason: a flood of them is
+// counted in full but logged a line at a time.
+const refusalLogInterval = 10 * time.Second
+
+// boundAddr counts the connections of one bound address.
+type boundAddr struct {
+	maxPeers, maxPerHost int
+
+	mu    sync.Mutex // protects peers, hosts
+	peers int
+	hosts map[netip.Addr]int // connections by source IP; absent when 0
+}
+
+// admit takes a place for a connection from host, which hasHost says
+// whether the connection has (unix socket peers do not), or returns the
+// reason it gets none.
+func (b *boundAddr) admit(host netip.Addr, hasHost bool) (refused string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if hasHost && b.hosts[host] >= b.maxPerHost {
+		return ConnTooManyFromHost
+	}
+	if b.peers >= b.maxPeers {
+		return ConnTooMany
+	}
+	b.peers++
+	if hasHost {
+		b.hosts[host]++
+	}
+	return ""
+}
+
+// leave gives back a place admit took.
+func (b *boundAddr) leave(host netip.Addr, hasHost bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.peers--
+	if !hasHost {
+		return
+	}
+	if n := b.hosts[host] - 1; n > 0 {
+		b.hosts[host] = n
+	} else {
+		delete(b.hosts, host)
+	}
+}
+
+// hostOf returns the IP address of a TCP peer (IPv4-mapped IPv6 addresses
+// as IPv4), and false for other peers.
+func hostOf(a net.Addr) (netip.Addr, bool) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	return ip.Unmap(), ok
 }
 
 // connect keeps one connecting endpoint connected until ctx is done.
@@ -241,7 +313,7 @@ func (s *Subscriber) connect(ctx context.Context, c *connector, endpoint, networ
 	defer s.wg.Done()
 	defer close(c.done)
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff}
-	st := newConnState(s.metrics, endpoint) // Resync outlives reconnects
+	st := &connState{src: endpoint, m: s.metrics.source(endpoint)} // Resync outlives reconnects
 	d := net.Dialer{Timeout: s.opts.DialTimeout}
 	failures := 0
 	for {
@@ -260,7 +332,7 @@ func (s *Subscriber) connect(ctx context.Context, c *connector, endpoint, networ
 			} else {
 				s.log.Debug("zmq publisher still unreachable", "endpoint", endpoint, "attempts", failures, "err", err)
 			}
-		} else if s.serve(ctx, nc, st, false) {
+		} else if s.serve(ctx, nc, st) {
 			bo.reset()
 			failures = 0
 		}
@@ -272,44 +344,45 @@ func (s *Subscriber) connect(ctx context.Context, c *connector, endpoint, networ
 
 // connState is what one connection's goroutine keeps about its source.
 type connState struct {
-	src    string
-	m      sourceMetrics
-	resync bool // a message was dropped since the last one queued
-}
-
-func newConnState(m *Metrics, src string) *connState {
-	return &connState{src: src, m: m.source(src)}
+	src     string
+	m       sourceMetrics
+	inbound bool // accepted on a bound address, not dialled
+	resync  bool // a message was dropped since the last one queued
+	leases  leases
 }
 
 // serve runs one ZMTP connection as a SUB: handshake, subscription, then
 // messages into the queue until an error or ctx ends it. It closes nc and
 // reports whether the connection was healthy: it delivered a message, or
 // stayed up for MaxBackoff. A peer that completes the handshake and hangs
-// up at once is not, so re-dialling it backs off.
-func (s *Subscriber) serve(ctx context.Context, nc net.Conn, st *connState, server bool) (healthy bool) {
+// up at once is not, so re-dialling it backs off. A panic in it ends the
+// connection alone, counted and logged by Options.Recovery.
+func (s *Subscriber) serve(ctx context.Context, nc net.Conn, st *connState) (healthy bool) {
+	peer := nc.RemoteAddr().String()
+	defer func() {
+		if r := recover(); r != nil {
+			err := s.opts.Recovery.Error(r, "zmq_connection")
+			s.connFailed(ctx, st.src, peer, ConnPanic, err)
+			healthy = false
+		}
+	}()
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	g := newGuardConn(nc, s.opts, s.mem)
 	defer func() {
 		stop()
 		_ = nc.Close()
+		g.release() // a message cut short
 	}()
-	peer := nc.RemoteAddr().String()
-	g := newGuardConn(nc, s.opts.ReadBufferSize, s.opts.MaxFrameBytes, s.opts.MaxFrames)
 
-	_ = nc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
-	zc, err := openZMTP(g, zmq4.Sub, server)
+	zc, reason, err := s.handshake(nc, g, st)
 	if err != nil {
-		s.connFailed(ctx, st.src, peer, ConnHandshake, err)
+		s.connFailed(ctx, st.src, peer, reason, err)
 		return false
 	}
-	if err := subscribe(zc, s.opts.Topic); err != nil {
-		s.connFailed(ctx, st.src, peer, ConnSubscribe, err)
-		return false
-	}
-	_ = nc.SetDeadline(time.Time{})
+	g.arm(s.opts.MessageTimeout)
 
-	conns := s.metrics.conns.WithLabelValues(st.src)
-	conns.Inc()
-	defer conns.Dec()
+	st.m.conns.Inc()
+	defer st.m.conns.Dec()
 	s.log.Info("zmq publisher connected", "source", st.src, "peer", peer)
 	up := time.Now()
 	delivered := false
@@ -317,41 +390,82 @@ func (s *Subscriber) serve(ctx context.Context, nc net.Conn, st *connState, serv
 	for {
 		msg, err := recvMsg(zc)
 		if err != nil {
+			if g.dropped { // cut short while being dropped for lack of memory
+				st.resync = true
+				st.m.memory.Inc()
+			}
 			s.connFailed(ctx, st.src, peer, ConnClosed, err)
 			return delivered || time.Since(up) >= s.opts.MaxBackoff
 		}
+		reserved, dropped := g.take()
+		if dropped {
+			st.resync = true
+			st.m.memory.Inc()
+			continue
+		}
 		if msg.Type == zmq4.CmdMsg || len(msg.Frames) == 0 {
+			s.mem.release(reserved)
 			continue // PING is answered inside RecvMsg; nothing else concerns a SUB
 		}
 		if !bytes.HasPrefix(msg.Frames[0], s.topic) {
+			s.mem.release(reserved)
 			st.m.topic.Inc()
 			continue
 		}
 		delivered = true
-		m := Message{Source: st.src, Peer: peer, RecvTime: time.Now(), Frames: msg.Frames, Resync: st.resync}
+		m := Message{Source: st.src, Peer: peer, RecvTime: time.Now(), Frames: msg.Frames, Resync: st.resync, Inbound: st.inbound}
+		if reserved > 0 {
+			m.lease = st.leases.take(s.mem, reserved)
+		}
 		select {
 		case s.queue <- m:
 			st.resync = false
 			st.m.messages.Inc()
-			st.m.bytes.Add(float64(m.size()))
+			st.m.bytes.Add(float64(reserved))
 		default:
+			s.mem.release(reserved)
 			st.resync = true
 			st.m.queueFull.Inc()
 		}
 	}
 }
 
+// handshake runs the ZMTP handshake and sends the subscription, within
+// HandshakeTimeout of the connection's start, counting the connection in
+// prefixd_ingest_handshakes meanwhile. On failure it returns the reason
+// to count.
+func (s *Subscriber) handshake(nc net.Conn, g *guardConn, st *connState) (*zmq4.Conn, string, error) {
+	st.m.handshakes.Inc()
+	defer st.m.handshakes.Dec()
+	_ = nc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
+	zc, err := openZMTP(g, zmq4.Sub, st.inbound)
+	reserved, _ := g.take() // the READY command
+	s.mem.release(reserved)
+	if err != nil {
+		return nil, ConnHandshake, err
+	}
+	if err := subscribe(zc, s.opts.Topic); err != nil {
+		return nil, ConnSubscribe, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return zc, "", nil
+}
+
 // connFailed counts and logs the end of a connection, unless the
 // Subscriber itself ended it. reason is used unless the error says
-// oversize or protocol.
+// what went wrong more precisely.
 func (s *Subscriber) connFailed(ctx context.Context, src, peer, reason string, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	switch {
-	case errors.Is(err, ErrFrameTooLarge):
+	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrMessageTooLarge):
 		reason = ConnOversize
 		s.metrics.oversize.WithLabelValues(src).Inc()
+	case errors.Is(err, ErrSlowMessage):
+		reason = ConnSlowMessage
+	case errors.Is(err, ErrMemory):
+		reason = ConnMemory
 	case errors.Is(err, ErrProtocol) && reason == ConnClosed:
 		reason = ConnProtocol
 	}

@@ -309,6 +309,9 @@ func TestOptionsValidate(t *testing.T) {
 		"backoff":   func(o *Options) { o.MinBackoff = 0 },
 		"order":     func(o *Options) { o.MaxBackoff = o.MinBackoff / 2 },
 		"peers":     func(o *Options) { o.MaxPeers = 0 },
+		"per host":  func(o *Options) { o.MaxConnsPerHost = 0 },
+		"message":   func(o *Options) { o.MessageTimeout = 0 },
+		"budget":    func(o *Options) { o.MaxBufferedBytes = o.MaxFrameBytes },
 	} {
 		o := DefaultOptions()
 		edit(&o)

@@ -4,7 +4,8 @@
 // or whole recordings, withholds chosen seqs, and serves a ROUTER replay
 // endpoint in either reply shape. It also makes hand-written ZMTP bytes for
 // peers that misbehave on purpose (oversized frame headers, broken READY
-// commands, garbage).
+// commands, garbage), and dials from other loopback source addresses
+// (DialFrom), as peers on other hosts would.
 //
 // # Basics
 //

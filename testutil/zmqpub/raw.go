@@ -127,6 +127,28 @@ func Dial(tb testing.TB, endpoint string) net.Conn {
 	return c
 }
 
+// DialFrom connects to a tcp:// endpoint from a local source address such
+// as 127.0.0.2 (every 127.0.0.0/8 address is the loopback on Linux), as a
+// peer on another host would. The connection is closed when the test ends.
+func DialFrom(tb testing.TB, endpoint, source string) net.Conn {
+	tb.Helper()
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		tb.Fatalf("zmqpub: %q is not a tcp:// endpoint", endpoint)
+	}
+	ip := net.ParseIP(source)
+	if ip == nil {
+		tb.Fatalf("zmqpub: %q is not an IP address", source)
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: ip}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		tb.Fatalf("zmqpub: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Serve listens on a loopback port and runs handle, in a goroutine of its
 // own, on every connection accepted, and returns the tcp:// endpoint. When
 // the test ends the listener and the connections are closed and the

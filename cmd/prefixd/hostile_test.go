@@ -1,0 +1,279 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/internal/fixture"
+	"github.com/prefixd/prefixd/testutil/zmqpub"
+)
+
+// storedBatch is a batch of one BlockStored event of blocks of 16 tokens,
+// in the sim's array form, with lora, medium and the event type as given.
+func storedBatch(t *testing.T, typ string, hashes []uint64, lora, medium string) []byte {
+	t.Helper()
+	toks := make([]uint32, 16*len(hashes))
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	var l, md any
+	if lora != "" {
+		l = lora
+	}
+	if medium != "" {
+		md = medium
+	}
+	b, err := msgpack.Marshal([]any{1.5, []any{[]any{typ, hashes, nil, toks, 16, nil, md, l, nil}}, nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// hostileMessages are messages with every string that prefixd keeps as a
+// name (pod, model, adapter) or reads (medium, event type) not valid UTF-8
+// or far too long, then one good message for pod 127.0.0.1:9100.
+func hostileMessages(t *testing.T) [][][]byte {
+	t.Helper()
+	long := strings.Repeat("m", 100<<10)
+	good := storedBatch(t, "BlockStored", []uint64{1, 2}, "", "")
+	var msgs [][][]byte
+	add := func(topic string, payload []byte) {
+		msgs = append(msgs, [][]byte{[]byte(topic), seqBytes(uint64(len(msgs) + 1)), payload})
+	}
+	add("kv@\xff\xfe:1@sim-model", good)                                                                // pod not UTF-8
+	add("kv@"+strings.Repeat("1", 300)+"@sim-model", good)                                              // pod too long
+	add("kv@127.0.0.1:9001@sim\xff", good)                                                              // model not UTF-8
+	add("kv@127.0.0.1:9002@"+long, good)                                                                // a 100 KB topic
+	add("kv@127.0.0.1:9003@sim-model", storedBatch(t, "BlockStored", []uint64{3}, "\xff\xfe", ""))      // adapter not UTF-8
+	add("kv@127.0.0.1:9004@sim-model", storedBatch(t, "BlockStored", []uint64{4}, long, ""))            // adapter too long
+	add("kv@127.0.0.1:9005@sim-model", storedBatch(t, "BlockStored", []uint64{5}, "", "\xff\xfe"+long)) // medium: a tier, not a name
+	add("kv@127.0.0.1:9006@sim-model", storedBatch(t, "\xff"+long, []uint64{6}, "", ""))                // event type: skipped, counted
+	add("kv@127.0.0.1:9100@sim-model", good)
+	return msgs
+}
+
+// prefixd serve lives through every string field of a message being
+// invalid UTF-8 or over-long: each is refused with a counted reason, the
+// metrics still scrape, and good messages are applied. With topics
+// trusted, the pod names reach the indexer's own check.
+func TestServeSurvivesHostileStrings(t *testing.T) {
+	for _, trust := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trust-topics=%v", trust), func(t *testing.T) {
+			extra := []string{"--key-mode", "engine"} // the batches' hashes are made up
+			if trust {
+				extra = append(extra, "--zmq-trust-topics")
+			}
+			p := startServe(t, extra...)
+			pub := dialRaw(t, p.zmq, "127.0.0.1")
+			for _, m := range hostileMessages(t) {
+				pub.send(t, m...)
+			}
+			p.waitUntil(t, "the good pod applied", func() bool {
+				for _, sp := range servedPods(p.base) {
+					if sp.Name == "127.0.0.1:9100" && sp.Blocks == 2 {
+						return true
+					}
+				}
+				return false
+			})
+			podReason, podsRefused := "foreign_topic", 2.0
+			if trust {
+				podReason = "invalid_pod"
+			}
+			p.waitUntil(t, "every refusal counted", func() bool {
+				body := p.metrics(t)
+				return sampleSum(body, "prefixd_ingest_dropped_total", `reason="`+podReason+`"`) == podsRefused &&
+					sampleSum(body, "prefixd_ingest_dropped_total", `reason="invalid_model"`) == 2 &&
+					sampleSum(body, "prefixd_ingest_dropped_total", `reason="invalid_lora"`) == 2
+			})
+			p.alive(t)
+			got := map[string]int{}
+			for _, sp := range servedPods(p.base) {
+				got[sp.Name] = sp.Blocks
+			}
+			// The medium is a tier (an unknown one is the slowest), the
+			// unknown event type is skipped: both pods exist, 9006 empty.
+			want := map[string]int{"127.0.0.1:9003": 0, "127.0.0.1:9004": 0, "127.0.0.1:9005": 1, "127.0.0.1:9006": 0, "127.0.0.1:9100": 2}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("pods %v, want %v", got, want)
+			}
+			if n := p.metric(t, "prefixd_events_total", `type="Unknown"`); n != 1 {
+				t.Errorf("unknown events counted %v, want 1", n)
+			}
+		})
+	}
+}
+
+// prefixd replay of a recording holding the same messages refuses the same
+// batches, says so, and answers from the rest.
+func TestReplaySurvivesHostileStrings(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hostile.jsonl")
+	var b strings.Builder
+	for _, m := range hostileMessages(t) {
+		frames := make([]string, len(m))
+		for i, f := range m {
+			frames[i] = base64.StdEncoding.EncodeToString(f)
+		}
+		line, _ := json.Marshal(map[string]any{"frames_b64": frames})
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCmd(t, "replay", "--key-mode", "engine", path)
+	if code != 0 {
+		t.Fatalf("replay exit %d:\n%s", code, errOut)
+	}
+	for _, want := range []string{
+		"refused 2 batches: invalid_pod", "refused 2 batches: invalid_model", "refused 2 batches: invalid_lora",
+		"pod 127.0.0.1:9100 model sim-model blocks 2",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("replay's report lacks %q:\n%s", want, errOut)
+		}
+	}
+}
+
+// A publisher at another address that sends AllBlocksCleared on a real
+// pod's topic changes nothing: the real pods' answers stay as they were.
+func TestServeSpoofedClearChangesNothing(t *testing.T) {
+	events := fixture.Path(t, "a_array_random_seedless", "events.jsonl")
+	zmqpub.Require(t)
+	p := startServe(t)
+	pub := zmqpub.Start(t)
+	pub.Connect(p.zmq)
+	pub.WaitSubscribed()
+	pub.SendFile(events)
+	last := map[string]uint64{"127.0.0.1:8001": 10, "127.0.0.1:8002": 11, "127.0.0.1:8003": 13}
+	p.waitUntil(t, "pods at their last seq", func() bool {
+		at := 0
+		for _, sp := range servedPods(p.base) {
+			if last[sp.Name] == sp.Seq {
+				at++
+			}
+		}
+		return at == len(last)
+	})
+	time.Sleep(100 * time.Millisecond) // Pods reads seqs before blocks; let the last batch's blocks land
+	before := allAnswers(t, p.base)
+	if !strings.Contains(before, "127.0.0.1:8001") {
+		t.Fatalf("no answer names 127.0.0.1:8001 before the spoof:\n%s", before)
+	}
+
+	spoof := zmqpub.Start(t)
+	spoof.Connect("tcp://127.0.0.2:0;" + strings.TrimPrefix(p.zmq, "tcp://")) // libzmq's source;destination form
+	spoof.WaitSubscribed()
+	clearAll, err := msgpack.Marshal([]any{1.5, []any{[]any{"AllBlocksCleared"}}, nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pod, seq := range last {
+		spoof.Send([]byte("kv@"+pod+"@sim-model"), seqBytes(seq+1), clearAll)
+	}
+	p.waitUntil(t, "spoofed clears refused", func() bool {
+		return p.metric(t, "prefixd_ingest_dropped_total", `reason="foreign_topic"`) == float64(len(last))
+	})
+	if after := allAnswers(t, p.base); after != before {
+		t.Fatalf("answers changed after a spoofed clear:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// allAnswers asks POST /v1/match every recorded request of recording a and
+// returns the answers, one a line.
+func allAnswers(t *testing.T, base string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, r := range fixture.Requests(t, "a_array_random_seedless") {
+		chat, err := tokenize.ParseChat(r.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(map[string]any{"model": chat.Model, "messages": chat.Messages})
+		b.WriteString(httpMatch(t, base, body))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// 20,000 topics, each a pod of its own, from one publisher: prefixd keeps
+// at most --max-pods of them, refuses and counts the rest, and /metrics
+// stays small.
+func TestServeManyTopicsBoundedMetrics(t *testing.T) {
+	p := startServe(t)
+	pub := dialRaw(t, p.zmq, "127.0.0.1")
+	const topics = 20_000
+	payload := storedBatch(t, "BlockStored", []uint64{42}, "", "")
+	for i := range topics {
+		pub.send(t, fmt.Appendf(nil, "kv@127.0.0.1:%d@sim-model", 10_000+i), seqBytes(1), payload)
+	}
+	p.waitUntil(t, "every topic handled", func() bool {
+		body := p.metrics(t)
+		return sampleSum(body, "prefixd_batches_applied_total")+sampleSum(body, "prefixd_ingest_dropped_total", `reason="max_pods"`) == topics
+	})
+	p.alive(t)
+	body := p.metrics(t)
+	if len(body) > 5<<20 {
+		t.Fatalf("/metrics is %d bytes for %d topics; want under 5 MiB", len(body), topics)
+	}
+	if n := sampleSum(body, "prefixd_ingest_dropped_total", `reason="max_pods"`); n != topics-4096 {
+		t.Fatalf("max_pods refusals %v, want %d", n, topics-4096)
+	}
+	t.Logf("/metrics: %d bytes for %d topics (%d pods)", len(body), topics, 4096)
+}
+
+// Connections that never send a byte are closed after the handshake
+// timeout, and are visible in the metrics while they wait.
+func TestServeClosesSilentConnections(t *testing.T) {
+	p := startServe(t, "--zmq-handshake-timeout", "2s")
+	const n = 500
+	conns := make([]net.Conn, 0, n)
+	for i := range n {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%5))}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", strings.TrimPrefix(p.zmq, "tcp://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		conns = append(conns, c)
+	}
+	p.waitUntil(t, "connections in the handshake visible", func() bool {
+		return p.metric(t, "prefixd_ingest_handshakes") == n
+	})
+	closed := make(chan error, n)
+	for _, c := range conns {
+		go func() {
+			_ = c.SetReadDeadline(time.Now().Add(serveWait))
+			buf := make([]byte, 256)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					closed <- err
+					return
+				}
+			}
+		}()
+	}
+	for range n {
+		if err := <-closed; isTimeout(err) {
+			t.Fatalf("a silent connection still open after %v", serveWait)
+		}
+	}
+	p.waitUntil(t, "the handshake gauge back to 0", func() bool { return p.metric(t, "prefixd_ingest_handshakes") == 0 })
+	p.alive(t)
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
