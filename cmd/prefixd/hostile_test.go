@@ -277,3 +277,46 @@ func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
 }
+
+// 20 connections each sending 7 frames of 16 MiB with MORE set, never
+// ending their messages: prefixd refuses them within its frame budget,
+// its memory stays bounded, and a good publisher is served afterwards.
+func TestServeFrameFloodBoundedMemory(t *testing.T) {
+	p := startServe(t, "--key-mode", "engine")
+	frame := zmqpub.Frame(make([]byte, 16<<20), true)
+	done := make(chan error, 20)
+	for range 20 {
+		r := dialRaw(t, p.zmq, "127.0.0.1")
+		go func() {
+			var err error
+			for range 7 {
+				if _, err = r.c.Write(frame); err != nil {
+					break
+				}
+			}
+			done <- err
+		}()
+	}
+	for range 20 {
+		<-done // written, or refused: the connection was closed under it
+	}
+	p.waitUntil(t, "the flood refused", func() bool {
+		return p.metric(t, "prefixd_ingest_connection_errors_total", `reason="oversize"`) == 20
+	})
+	p.alive(t)
+	if rss := p.peakRSS(t); rss > 512<<20 {
+		t.Fatalf("peak RSS %d MiB under a flood of 20 x 7 x 16 MiB frames; want under 512 MiB", rss>>20)
+	} else {
+		t.Logf("peak RSS %d MiB", rss>>20)
+	}
+	pub := dialRaw(t, p.zmq, "127.0.0.1")
+	pub.send(t, []byte("kv@127.0.0.1:9200@sim-model"), seqBytes(1), storedBatch(t, "BlockStored", []uint64{7, 8, 9}, "", ""))
+	p.waitUntil(t, "a good publisher served after the flood", func() bool {
+		for _, sp := range servedPods(p.base) {
+			if sp.Name == "127.0.0.1:9200" && sp.Blocks == 3 {
+				return true
+			}
+		}
+		return false
+	})
+}
