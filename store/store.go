@@ -83,8 +83,8 @@ type Match struct {
 	// is t; they sum to Blocks.
 	TierBlocks [NumTiers]int
 	// Incomplete is set when a bounded store forgot blocks of this pod to
-	// make room since the pod was last cleared: the pod may hold a longer
-	// prefix than Blocks.
+	// make room, or could not store some for lack of room, since the pod
+	// was last cleared: the pod may hold a longer prefix than Blocks.
 	Incomplete bool
 }
 
@@ -94,7 +94,7 @@ type PodInfo struct {
 	// Blocks is the number of distinct keys the pod holds, on any tier.
 	Blocks int
 	// Evicted counts the blocks of this pod a bounded store forgot to make
-	// room since the pod was last cleared. While it is above 0 the pod's
-	// matches are Incomplete.
+	// room, or could not store for lack of room, since the pod was last
+	// cleared. While it is above 0 the pod's matches are Incomplete.
 	Evicted int
 }

@@ -224,7 +224,8 @@ func BenchmarkLookupCached(b *testing.B) {
 
 // BenchmarkLookupNearCapacity is BenchmarkLookup/1M on a store 80% full:
 // lookups set the eviction age of the blocks they match, a locked write
-// per block on the first lookup of a prompt after the clock passed it.
+// per block on the first lookup of a prompt after eviction counted its
+// age down.
 func BenchmarkLookupNearCapacity(b *testing.B) {
 	const blocks = 1 << 20
 	s, err := memory.New(memory.Options{CapacityBlocks: blocks + blocks/4})
@@ -415,8 +416,38 @@ func BenchmarkApply(b *testing.B) {
 }
 
 // BenchmarkApplyFull adds blocks to a full store of 1Mi blocks: every
-// block stored evicts one.
+// block stored evicts one. The 100 pods take turns, so each holds its
+// fair share, give or take a block.
 func BenchmarkApplyFull(b *testing.B) {
+	benchApplyFull(b, func(n int) string { return podNames[n%benchPods] })
+}
+
+// BenchmarkApplyFullFlood is BenchmarkApplyFull with one pod adding as
+// much as the 100 others together: it is over its fair share, and its own
+// blocks make room.
+func BenchmarkApplyFullFlood(b *testing.B) {
+	benchApplyFull(b, func(n int) string {
+		if n%2 == 0 {
+			return "flood"
+		}
+		return podNames[n/2%benchPods]
+	})
+}
+
+// BenchmarkApplyFullManyPods is BenchmarkApplyFull with 4000 pods taking
+// turns: a shard that looks for the pod most over its share looks at
+// every pod it has blocks of.
+func BenchmarkApplyFullManyPods(b *testing.B) {
+	names := make([]string, 4000)
+	for i := range names {
+		names[i] = fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)
+	}
+	benchApplyFull(b, func(n int) string { return names[n%len(names)] })
+}
+
+// benchApplyFull fills a store of 1Mi blocks twice over, then adds b.N
+// batches of 16 new blocks, batch n by pod(n).
+func benchApplyFull(b *testing.B, pod func(n int) string) {
 	const batch = 16
 	s, err := memory.New(memory.Options{CapacityBlocks: benchApplyN})
 	if err != nil {
@@ -428,7 +459,7 @@ func BenchmarkApplyFull(b *testing.B) {
 		for j := range buf {
 			buf[j] = splitmix(uint64(n*batch + j))
 		}
-		if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, buf); err != nil {
+		if err := s.Add(ctx, pod(n), store.TierGPU, buf); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 // A block's holders are one 64-bit word per table slot:
 //
 //	bit 63     ovfFlag: bits 0-31 index the shard's overflow sets
-//	bits 61-62 age: the eviction clock's count, see shard.evictOne
+//	bits 61-62 age: eviction's second chances, see shard.evictOwn
 //	bit 60     markBit: set only while compactOwned runs, under the lock
 //	bits 0-59  otherwise up to four inline holders, 15 bits each
 //
@@ -25,7 +25,7 @@ const (
 	// ageNew is the age of a block just stored, ageMask (3) that of a
 	// block a lookup just matched; ageHigh is set in ages 2 and 3, which a
 	// lookup leaves alone, so that it writes to a block at most once every
-	// other sweep of the eviction clock.
+	// other pass of eviction.
 	ageNew     = 1 << ageShift
 	ageHigh    = 2 << ageShift
 	markBit    = 1 << 60

@@ -477,3 +477,35 @@ func TestAddAfterKeepsChainsTogether(t *testing.T) {
 	}
 	checkInvariants(t, s)
 }
+
+// TestCacheSizesBounded sets cache sizes for more pods than there are ids:
+// the store keeps at most MaxPods, making room with pods that have no id,
+// and a pod's size reaches it when it gets an id.
+func TestCacheSizesBounded(t *testing.T) {
+	ctx := context.Background()
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "live", store.TierGPU, []uint64{1}); err != nil {
+		t.Fatal(err)
+	}
+	s.SetCacheBlocks("live", 100)
+	for i := range MaxPods + 100 {
+		s.SetCacheBlocks(fmt.Sprintf("pod-%d", i), 10+i)
+	}
+	if n := len(s.cacheSizes); n > MaxPods || s.cacheSizes["live"] != 100 {
+		t.Fatalf("%d cache sizes kept, live's %d; want at most %d and 100", n, s.cacheSizes["live"], MaxPods)
+	}
+	last := fmt.Sprintf("pod-%d", MaxPods+99)
+	if err := s.Add(ctx, last, store.TierGPU, []uint64{2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.pods.cache[s.ids[last]].Load(); got != MaxPods+109 {
+		t.Fatalf("cache size of %s = %d, want %d", last, got, MaxPods+109)
+	}
+	s.SetCacheBlocks("live", 0)
+	if _, ok := s.cacheSizes["live"]; ok || s.pods.cache[s.ids["live"]].Load() != 0 {
+		t.Fatalf("live's size still set after SetCacheBlocks(0)")
+	}
+}

@@ -111,7 +111,7 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 	// stop ends the runs of the pods in alive at i blocks.
 	stop := func(i int) []store.Match {
 		for _, c := range alive {
-			out = append(out, store.Match{Pod: s.names[c.id], Blocks: i, TierBlocks: c.tiers})
+			out = append(out, s.match(&c, i))
 			sc.pos[c.id] = 0
 		}
 		alive = alive[:0]
@@ -167,7 +167,7 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 						j++
 						continue
 					}
-					out = append(out, store.Match{Pod: s.names[c.id], Blocks: i, TierBlocks: c.tiers})
+					out = append(out, s.match(c, i))
 					sc.pos[c.id] = 0
 					last := len(alive) - 1
 					if j != last {
@@ -212,6 +212,12 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 		}
 	}
 	return stop(len(keys))
+}
+
+// match is candidate c's answer, a run of i blocks. A pod some of whose
+// blocks were evicted may hold more than the store knows.
+func (s *Store) match(c *candidate, i int) store.Match {
+	return store.Match{Pod: s.names[c.id], Blocks: i, TierBlocks: c.tiers, Incomplete: s.pods.evicted[c.id].Load() > 0}
 }
 
 // fetch reads the holders of keys (at most maxChunk) into sc, each from
@@ -405,8 +411,8 @@ func eqMask(a, b uint64) uint64 {
 // is 2 or more or its shard is not under pressure. Should a writer have
 // freed or moved the record meanwhile, the age lands on a dead record,
 // which costs one eviction decision and nothing else. A block lookups keep
-// matching is written at most once every other sweep of the eviction
-// clock.
+// matching is written at most once every other pass of eviction over its
+// holders' keys.
 func (s *Store) reference(sc *scratch, x int) {
 	x &= maxChunk - 1
 	r := sc.recs[x]

@@ -166,43 +166,200 @@ func TestCapacitySkips(t *testing.T) {
 	}
 }
 
-// TestClockKeepsMatchedBlocks checks the eviction policy: blocks that
-// lookups keep matching survive a flood of new blocks; blocks nobody looks
-// up go.
-func TestClockKeepsMatchedBlocks(t *testing.T) {
+// TestEvictionKeepsMatchedBlocks checks the order a pod's holdings are
+// evicted in: blocks that lookups keep matching survive a flood of new
+// blocks; blocks nobody looks up go. The flood comes from the pod itself,
+// which evicts its own, or from another pod, which evicts its own once it
+// has its fair share, half, and the first pod's beyond its half until then.
+func TestEvictionKeepsMatchedBlocks(t *testing.T) {
+	for _, flooder := range []string{"a", "b"} {
+		t.Run(flooder, func(t *testing.T) {
+			ctx := context.Background()
+			const capacity = 1 << 13
+			s := newStore(t, memory.Options{CapacityBlocks: capacity})
+			hot := storetest.Keys(1, capacity/8)
+			cold := storetest.Keys(2, capacity/2)
+			for _, ks := range [][]uint64{hot, cold} {
+				if err := s.Add(ctx, "a", store.TierGPU, ks); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 64 {
+				if _, err := s.Lookup(ctx, hot, nil, nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Add(ctx, flooder, store.TierGPU, storetest.Keys(uint64(100+i), capacity/32)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held := func(keys []uint64) int {
+				n := 0
+				for _, k := range keys {
+					n += len(lookupOne(t, s, []uint64{k}, []string{"a"}))
+				}
+				return n
+			}
+			st := s.Stats()
+			h, c := held(hot), held(cold)
+			t.Logf("after adding %d blocks to a store of %d: %d of %d hot and %d of %d cold blocks left; %+v", 2*capacity, capacity, h, len(hot), c, len(cold), st)
+			if st.Evicted < int64(capacity/2) || st.Blocks > capacity {
+				t.Fatalf("stats %+v: want at least %d evicted, at most %d held", st, capacity/2, capacity)
+			}
+			if h < len(hot)*95/100 {
+				t.Fatalf("%d of %d hot blocks left; want nearly all", h, len(hot))
+			}
+			if flooder == "a" && c > len(cold)/10 {
+				t.Fatalf("%d of %d cold blocks left; want few", c, len(cold))
+			}
+			if flooder == "b" {
+				// a is cut to its half, from its cold blocks; b holds the rest.
+				if a := h + c; a < capacity/2-capacity/32 || a > capacity/2+capacity/32 {
+					t.Fatalf("a holds %d blocks, want about %d", a, capacity/2)
+				}
+			}
+		})
+	}
+}
+
+// gather returns reg's metrics by name and label values.
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			name := f.GetName()
+			for _, l := range m.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = v
+		}
+	}
+	return got
+}
+
+// podInfo returns pod's entry in s.Pods.
+func podInfo(t *testing.T, s *memory.Store, pod string) store.PodInfo {
+	t.Helper()
+	ps, err := s.Pods(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Name == pod {
+			return p
+		}
+	}
+	return store.PodInfo{}
+}
+
+// fillHalves fills a store of capacity c with a then b, half each, in
+// prompts of 64 blocks, and returns their prompts. Some shards hold more
+// than their share of the keys and fill before the store does.
+func fillHalves(t *testing.T, s *memory.Store, c int, seed uint64) (a, b [][]uint64) {
+	t.Helper()
 	ctx := context.Background()
-	const capacity = 1 << 13
-	s := newStore(t, memory.Options{CapacityBlocks: capacity})
-	hot := storetest.Keys(1, capacity/8)
-	cold := storetest.Keys(2, capacity/2)
-	for _, ks := range [][]uint64{hot, cold} {
-		if err := s.Add(ctx, "a", store.TierGPU, ks); err != nil {
+	for i := range c / 2 / 64 {
+		a = append(a, storetest.Keys(seed+uint64(i), 64))
+		if err := s.Add(ctx, "a", store.TierGPU, a[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i := range 64 {
-		if _, err := s.Lookup(ctx, hot, nil, nil); err != nil {
+	for i := range c / 2 / 64 {
+		b = append(b, storetest.Keys(seed+1000+uint64(i), 64))
+		if err := s.Add(ctx, "b", store.TierGPU, b[i]); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Add(ctx, "b", store.TierGPU, storetest.Keys(uint64(100+i), capacity/32)); err != nil {
+	}
+	return a, b
+}
+
+// whole reports whether pod holds every prompt whole, with complete
+// matches.
+func whole(t *testing.T, s *memory.Store, pod string, prompts [][]uint64) bool {
+	t.Helper()
+	for _, p := range prompts {
+		out, err := s.Lookup(context.Background(), p, []string{pod}, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	held := func(keys []uint64) int {
-		n := 0
-		for _, k := range keys {
-			n += len(lookupOne(t, s, []uint64{k}, nil))
+		if len(out) != 1 || out[0].Blocks != len(p) || out[0].Incomplete {
+			return false
 		}
-		return n
 	}
-	st := s.Stats()
-	h, c := held(hot), held(cold)
-	t.Logf("after adding %d blocks to a store of %d: %d of %d hot and %d of %d cold blocks left; %+v", 2*capacity, capacity, h, len(hot), c, len(cold), st)
-	if st.Evicted < int64(capacity) || st.Blocks > capacity {
-		t.Fatalf("stats %+v: want at least %d evicted, at most %d held", st, capacity, capacity)
-	}
-	if h < len(hot)*95/100 || c > len(cold)/10 {
-		t.Fatalf("%d of %d hot and %d of %d cold blocks left; want nearly all hot and few cold", h, len(hot), c, len(cold))
+	return true
+}
+
+// TestSetCacheBlocks fills a store with two pods, half each, so that some
+// shards overflow: with a cache size set for the first, smaller than what
+// it holds, it loses its own blocks and the second, within its fair share,
+// keeps all of its; without one, nobody is over and the second, adding,
+// loses its own. The size is kept before the pod holds anything and after
+// it is cleared.
+func TestSetCacheBlocks(t *testing.T) {
+	const c = 1 << 12
+	for _, tc := range []struct {
+		name  string
+		sizes []int // set for a before it is first filled, in order
+		over  bool  // whether a is over its cache size
+	}{
+		{"set", []int{c / 8}, true},
+		{"none", nil, false},
+		{"cleared", []int{c / 8, 0}, false},
+		{"large", []int{c}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			reg := prometheus.NewRegistry()
+			s := newStore(t, memory.Options{CapacityBlocks: c, Registerer: reg})
+			for _, n := range tc.sizes {
+				s.SetCacheBlocks("a", n)
+			}
+			for round := range 2 {
+				base := gather(t, reg)
+				a, b := fillHalves(t, s, c, uint64(round)<<16)
+				got := gather(t, reg)
+				for _, why := range []string{"over_cache_size", "over_fair_share", "own"} {
+					got["prefixd_store_evicted_blocks_total/"+why] -= base["prefixd_store_evicted_blocks_total/"+why]
+				}
+				pa, pb := podInfo(t, s, "a"), podInfo(t, s, "b")
+				t.Logf("round %d: %+v %+v; evictions %v over cache size, %v over fair share, %v own", round, pa, pb,
+					got["prefixd_store_evicted_blocks_total/over_cache_size"], got["prefixd_store_evicted_blocks_total/over_fair_share"], got["prefixd_store_evicted_blocks_total/own"])
+				if pa.Evicted+pb.Evicted == 0 {
+					t.Fatalf("nothing evicted: %+v %+v", pa, pb)
+				}
+				if tc.over {
+					if !whole(t, s, "b", b) || pb.Evicted != 0 || pa.Evicted == 0 || got["prefixd_store_evicted_blocks_total/own"] != 0 {
+						t.Fatalf("a over its cache size: b %+v, whole %v; a %+v; want b whole and a's blocks evicted", pb, whole(t, s, "b", b), pa)
+					}
+					if got["prefixd_store_pod_evicted_blocks/a"] != float64(pa.Evicted) || got["prefixd_store_pod_evicted_blocks/b"] != 0 {
+						t.Fatalf("per-pod evictions %v, want a's %d only", got, pa.Evicted)
+					}
+				} else {
+					if !whole(t, s, "a", a) || pa.Evicted != 0 || pb.Evicted == 0 || got["prefixd_store_evicted_blocks_total/over_cache_size"] != 0 {
+						t.Fatalf("nobody over: a %+v, whole %v; b %+v; want a whole and b's own blocks evicted", pa, whole(t, s, "a", a), pb)
+					}
+				}
+				if err := s.ClearPod(ctx, "a"); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.ClearPod(ctx, "b"); err != nil {
+					t.Fatal(err)
+				}
+				if st := s.Stats(); st.Blocks != 0 {
+					t.Fatalf("stats %+v after clearing both pods", st)
+				}
+				for _, n := range []string{"a", "b"} {
+					if p := podInfo(t, s, n); p != (store.PodInfo{}) {
+						t.Fatalf("Pods after ClearPod(%s) lists %+v", n, p)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -219,23 +376,8 @@ func TestMetrics(t *testing.T) {
 	if st.Evicted == 0 {
 		t.Fatalf("stats %+v: want evictions", st)
 	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			name := f.GetName()
-			for _, l := range m.GetLabel() {
-				name += "/" + l.GetValue()
-			}
-			got[name] = v
-		}
-	}
+	got := gather(t, reg)
 	want := map[string]float64{
-		"prefixd_store_evicted_blocks_total":          float64(st.Evicted),
 		"prefixd_store_dropped_blocks_total/capacity": 0,
 		"prefixd_store_blocks":                        float64(st.Blocks),
 		"prefixd_store_keys":                          float64(st.Keys),
@@ -247,6 +389,36 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], v, got)
 		}
 	}
+	evicted := 0.0
+	for _, why := range []string{"over_cache_size", "over_fair_share", "own"} {
+		v, ok := got["prefixd_store_evicted_blocks_total/"+why]
+		if !ok {
+			t.Errorf("no prefixd_store_evicted_blocks_total{reason=%q} (all: %v)", why, got)
+		}
+		evicted += v
+	}
+	if evicted != float64(st.Evicted) {
+		t.Errorf("prefixd_store_evicted_blocks_total sums to %v, want %d (all: %v)", evicted, st.Evicted, got)
+	}
+	ps, err := s.Pods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if got["prefixd_store_pod_evicted_blocks/"+p.Name] != float64(p.Evicted) || p.Evicted == 0 {
+			t.Errorf("prefixd_store_pod_evicted_blocks{pod=%q} = %v, Pods says %+v", p.Name, got["prefixd_store_pod_evicted_blocks/"+p.Name], p)
+		}
+	}
+	// Only pods with evictions have the series.
+	if err := s.ClearPod(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "p1", store.TierGPU, []uint64{1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gather(t, reg)["prefixd_store_pod_evicted_blocks/p1"]; ok {
+		t.Errorf("prefixd_store_pod_evicted_blocks{pod=p1} reported after ClearPod")
+	}
 	if got["prefixd_store_bytes"] <= 0 {
 		t.Errorf("prefixd_store_bytes = %v", got["prefixd_store_bytes"])
 	}
@@ -254,5 +426,132 @@ func TestMetrics(t *testing.T) {
 	_, err = memory.New(memory.Options{Registerer: reg})
 	if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 		t.Fatalf("second New on one registry: %v, want AlreadyRegisteredError", err)
+	}
+}
+
+// TestLearnedCacheSize has a pod remove blocks from its GPU tier, as an
+// engine does when its cache is full, and then hold more than it held
+// then: it is over the cache size it taught the store and loses its own
+// blocks first when a shard overflows. Removals from other tiers teach
+// nothing.
+func TestLearnedCacheSize(t *testing.T) {
+	const c = 1 << 12
+	for _, tc := range []struct {
+		tier store.Tier
+		over bool
+	}{{store.TierGPU, true}, {store.TierCPU, false}} {
+		t.Run(tc.tier.String(), func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, memory.Options{CapacityBlocks: c})
+			var a [][]uint64
+			addA := func(n int) {
+				for range n / 64 {
+					a = append(a, storetest.Keys(uint64(len(a)), 64))
+					if err := s.Add(ctx, "a", store.TierGPU, a[len(a)-1]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			addA(c / 4)
+			// The last prompt's blocks move to the CPU tier.
+			gone := a[len(a)-1]
+			if err := s.Add(ctx, "a", store.TierCPU, gone); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.Remove(ctx, "a", tc.tier, gone); err != nil || n != len(gone) {
+				t.Fatalf("Remove = %d, %v", n, err)
+			}
+			addA(c / 4)
+			var b [][]uint64
+			for i := range c / 2 / 64 {
+				b = append(b, storetest.Keys(uint64(1000+i), 64))
+				if err := s.Add(ctx, "b", store.TierGPU, b[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pa, pb := podInfo(t, s, "a"), podInfo(t, s, "b")
+			t.Logf("%+v %+v", pa, pb)
+			if pa.Evicted+pb.Evicted == 0 {
+				t.Fatalf("nothing evicted: %+v %+v", pa, pb)
+			}
+			if tc.over && (!whole(t, s, "b", b) || pa.Evicted == 0) {
+				t.Fatalf("a over the cache size it showed: a %+v, b %+v; want b whole and a's blocks evicted", pa, pb)
+			}
+			if !tc.over && (!whole(t, s, "a", a) || pb.Evicted == 0) {
+				t.Fatalf("no cache size learned: a %+v, b %+v; want a whole and b's own blocks evicted", pa, pb)
+			}
+		})
+	}
+}
+
+// TestEvictionSparesAddedKey adds a new holder of a key to a full shard
+// whose other pod is over its share and holds that key first in line: the
+// key stays, for both pods, and another of the other pod's goes.
+func TestEvictionSparesAddedKey(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, memory.Options{Shards: 1, CapacityBlocks: 4})
+	keys := []uint64{11, 12, 13, 14}
+	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ctx, "b", store.TierGPU, keys[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookupOne(t, s, keys[:1], nil); !maps.Equal(got, map[string]int{"a": 1, "b": 1}) {
+		t.Fatalf("Lookup of the key added = %v, want both pods", got)
+	}
+	left := 0
+	for _, k := range keys[1:] {
+		left += len(lookupOne(t, s, []uint64{k}, nil))
+	}
+	if st := s.Stats(); left != 2 || st.Blocks != 4 || st.Evicted != 1 {
+		t.Fatalf("%d of a's other 3 keys left, stats %+v; want 2, 4 blocks, 1 evicted", left, st)
+	}
+	out, err := s.Lookup(ctx, keys[:1], nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range out {
+		if m.Incomplete != (m.Pod == "a") {
+			t.Fatalf("Lookup = %+v, want only a's match Incomplete", out)
+		}
+	}
+	if p := podInfo(t, s, "a"); p.Evicted != 1 || p.Blocks != 3 {
+		t.Fatalf("Pods: %+v, want a with 3 blocks, 1 evicted", p)
+	}
+}
+
+// TestFloodSparesOthers is the flood at full scale: ten pods hold 150k
+// blocks of a store of 200k, then one pod sends 100k. The ten are within
+// their share (200k/11 each) and keep every block, complete; the flooding
+// pod pays for the overflow with its own blocks.
+func TestFloodSparesOthers(t *testing.T) {
+	ctx := context.Background()
+	const capacity, pods, per, flood = 200_000, 10, 15_000, 100_000
+	s := newStore(t, memory.Options{CapacityBlocks: capacity})
+	prompts := make([][][]uint64, pods)
+	for p := range pods {
+		for i := range per / 500 {
+			keys := storetest.Keys(uint64(p<<16+i), 500)
+			prompts[p] = append(prompts[p], keys)
+			if err := s.Add(ctx, fmt.Sprintf("pod-%d", p), store.TierGPU, keys); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range flood / 500 {
+		if err := s.Add(ctx, "flood", store.TierGPU, storetest.Keys(uint64(1<<24+i), 500)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p := range pods {
+		if name := fmt.Sprintf("pod-%d", p); !whole(t, s, name, prompts[p]) {
+			t.Fatalf("%s lost blocks to the flood: %+v", name, podInfo(t, s, name))
+		}
+	}
+	st, f := s.Stats(), podInfo(t, s, "flood")
+	t.Logf("%+v; %+v", st, f)
+	if st.Blocks > capacity || f.Evicted == 0 || f.Blocks+f.Evicted != flood {
+		t.Fatalf("stats %+v, flooding pod %+v: want at most %d blocks, and the flood's evicted and held making %d", st, f, capacity, flood)
 	}
 }

@@ -8,33 +8,51 @@ import (
 
 // Reasons a key given to Add was not stored.
 const (
-	dropCapacity = "capacity" // no room could be made: the key's own holders fill its shard
+	// dropCapacity: no room could be made: the adder holds nothing in the
+	// key's shard to give up and no other pod there is over its limit
+	// (or the store has no records left).
+	dropCapacity = "capacity"
 	dropPods     = "too_many_pods"
 )
 
+// reason says whose holding was evicted to make room for an Add.
+type reason uint8
+
+const (
+	reasonCacheSize reason = iota // a pod holding more than its cache size
+	reasonFairShare               // a pod holding more than its fair share
+	reasonOwn                     // nobody over: the adder's own
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"over_cache_size", "over_fair_share", "own"}
+
 // metrics are a Store's Prometheus metrics.
 type metrics struct {
-	evictions prometheus.Counter
+	evictions [numReasons]prometheus.Counter
 	dropped   *prometheus.CounterVec // keys, by reason
 }
 
 func newMetrics(reg prometheus.Registerer, s *Store) (*metrics, error) {
+	evictions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_store_evicted_blocks_total",
+		Help: "Blocks ((pod, key) pairs) the in-memory index forgot to stay within its capacity, by whose they were: a pod over its cache size or its fair share, or the adder's own.",
+	}, []string{"reason"})
 	m := &metrics{
-		evictions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "prefixd_store_evicted_blocks_total",
-			Help: "Blocks ((pod, key) pairs) the in-memory index forgot to stay within its capacity.",
-		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_store_dropped_blocks_total",
 			Help: "Blocks the in-memory index was asked to add and did not store, by reason.",
 		}, []string{"reason"}),
+	}
+	for why, name := range reasonNames {
+		m.evictions[why] = evictions.WithLabelValues(name)
 	}
 	m.dropped.WithLabelValues(dropCapacity)
 	m.dropped.WithLabelValues(dropPods)
 	if reg == nil {
 		return m, nil
 	}
-	cs := []prometheus.Collector{m.evictions, m.dropped, newCollector(s)}
+	cs := []prometheus.Collector{evictions, m.dropped, newCollector(s)}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -46,10 +64,13 @@ func newMetrics(reg prometheus.Registerer, s *Store) (*metrics, error) {
 	return m, nil
 }
 
-// collector reports the size gauges from one Stats call per scrape.
+// collector reports the size gauges from one Stats call per scrape, and
+// the evictions of each pod that has some (only those, so that a large
+// fleet's scrape stays small).
 type collector struct {
 	s                                  *Store
 	blocks, keys, pods, capacity, size *prometheus.Desc
+	podEvicted                         *prometheus.Desc
 }
 
 func newCollector(s *Store) *collector {
@@ -60,6 +81,9 @@ func newCollector(s *Store) *collector {
 		pods:     prometheus.NewDesc("prefixd_store_pods", "Pods with an id in the in-memory index.", nil, nil),
 		capacity: prometheus.NewDesc("prefixd_store_capacity_blocks", "Most (pod, key) pairs the in-memory index holds.", nil, nil),
 		size:     prometheus.NewDesc("prefixd_store_bytes", "Estimated memory of the in-memory index's tables and lists.", nil, nil),
+		podEvicted: prometheus.NewDesc("prefixd_store_pod_evicted_blocks",
+			"Blocks of the pod the in-memory index evicted, or could not store, for lack of room since the pod was last cleared; its matches are incomplete. Only pods with some are listed.",
+			[]string{"pod"}, nil),
 	}
 }
 
@@ -69,6 +93,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pods
 	ch <- c.capacity
 	ch <- c.size
+	ch <- c.podEvicted
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -78,4 +103,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pods, prometheus.GaugeValue, float64(st.Pods))
 	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(st.CapacityBlocks))
 	ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(st.Bytes))
+	c.s.forEachEvicted(func(pod string, n int64) {
+		ch <- prometheus.MustNewConstMetric(c.podEvicted, prometheus.GaugeValue, float64(n), pod)
+	})
 }

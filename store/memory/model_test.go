@@ -162,7 +162,7 @@ func checkInvariants(t testing.TB, s *Store) {
 				}
 				count[id]++
 				holdings++
-				if !slices.Contains(sh.owned[id], tb.frac(h)) {
+				if !slices.Contains(sh.list(id), tb.frac(h)) {
 					t.Fatalf("shard %d: pod %d holds %#x but its ownership list lacks it", si, id, h)
 				}
 				if s.names[id] == "" {
@@ -182,12 +182,38 @@ func checkInvariants(t testing.TB, s *Store) {
 		if uint64(n)*maxLoadDen > tb.nSlots*maxLoadNum+maxLoadDen {
 			t.Fatalf("shard %d: %d keys in %d slots", si, n, tb.nSlots)
 		}
-		for id, l := range sh.owned {
+		for id := range sh.owned {
+			l := sh.list(uint16(id))
 			if c := int(sh.count[id]); len(l) > c+c/2+ownedSlack+1 {
 				t.Fatalf("shard %d: pod %d owns a list of %d for %d keys", si, id, len(l), c)
 			}
 		}
 		sh.mu.Unlock()
+	}
+	// The store-wide totals agree with the shards'.
+	held := make([]int64, MaxPods)
+	for si := range s.shards {
+		sh := &s.shards[si].shard
+		sh.mu.Lock()
+		for id, c := range sh.count {
+			held[id] += int64(c)
+		}
+		if v := sh.victim; v != noVictim && int(v) >= len(sh.count) {
+			t.Fatalf("shard %d: victim %d beyond bookkeeping (%d)", si, v, len(sh.count))
+		}
+		sh.mu.Unlock()
+	}
+	holding := 0
+	for id := range held {
+		if got := s.pods.held[id].Load(); got != held[id] {
+			t.Fatalf("pod %d (%q): %d holdings counted, the shards hold %d", id, s.nameOf(uint16(id)), got, held[id])
+		}
+		if held[id] > 0 {
+			holding++
+		}
+	}
+	if got := s.pods.holding.Load(); int(got) != holding {
+		t.Fatalf("%d pods holding blocks counted, %d hold some", got, holding)
 	}
 	// Every live record is named by the index, and the segments count
 	// them.
@@ -218,6 +244,14 @@ func checkInvariants(t testing.TB, s *Store) {
 	if int64(segs) != s.arena.segs.Load() {
 		t.Fatalf("%d segments, counted %d", segs, s.arena.segs.Load())
 	}
+}
+
+// nameOf returns the name of pod id, for messages; mu is held.
+func (s *Store) nameOf(id uint16) string {
+	if int(id) < len(s.names) {
+		return s.names[id]
+	}
+	return ""
 }
 
 // ops applies a random sequence of operations read from data to s and to
@@ -458,7 +492,7 @@ func TestDisownKeepsSharedFraction(t *testing.T) {
 	sh.lock()
 	sh.compactOwned(id) // f listed once for both keys
 	sh.unlock()
-	if l := sh.owned[id]; len(l) != len(others)+1 || l[len(l)-1] != uint32(f) {
+	if l := sh.list(id); len(l) != len(others)+1 || l[len(l)-1] != uint32(f) {
 		t.Fatalf("ownership list %x, want the others' fractions then %x once", l, f)
 	}
 	if _, err := s.Remove(ctx, "a", store.TierGPU, []uint64{k1}); err != nil {

@@ -51,7 +51,7 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	d := DefaultOptions()
 	fs.IntVar(&o.CapacityBlocks, "store-capacity-blocks", d.CapacityBlocks,
-		"most (pod, block) pairs the in-memory index holds before it evicts the least recently used; about 40 bytes each")
+		"most (pod, block) pairs the in-memory index holds; when full, pods over their fair share or cache size lose their least recently used first; about 40 bytes each")
 	fs.IntVar(&o.Shards, "store-shards", d.Shards, "lock stripes of the in-memory index, a power of two")
 }
 

@@ -38,16 +38,29 @@ type shard struct {
 	n        int      // keys
 	holdings int      // (pod, key) pairs
 	capacity int      // most holdings
-	hand     uint64   // CLOCK hand: the next slot eviction inspects
-	// owned[id] lists the keys pod id holds in this shard, so that clearing
-	// a pod costs its own blocks. It keeps 32-bit fractions (table.frac),
-	// not 64-bit keys, which halves its size: a fraction leads to its keys,
-	// in its home line or just after, and the rare keys that share one are
-	// all examined. It may also list keys the pod no longer holds, and a
-	// fraction twice; compactOwned bounds that.
+	// owned[id] lists the keys pod id holds in this shard, in the order it
+	// gained them (the order eviction takes them back in), so that
+	// clearing a pod costs its own blocks. It keeps 32-bit fractions
+	// (table.frac), not 64-bit keys, which halves its size: a fraction
+	// leads to its keys, in its home line or just after, and the rare keys
+	// that share one are all examined. It may also list keys the pod no
+	// longer holds, and a fraction twice; compactOwned bounds that. The
+	// list is owned[id][head[id]:]: the entries before head were taken from
+	// the front, and own reuses their room.
 	owned [][]uint32
+	head  []int32
 	count []int32 // by pod id: keys the pod holds here
 	sink  uint64  // keeps the loads that warm the cache
+
+	// pods are the store's per-pod totals, which choose whose holding
+	// goes when the shard is full (makeRoom).
+	pods *podStats
+	// victim is the pod most over its limit when the shard last looked
+	// (noVictim for none), taken from until it is no longer over or holds
+	// nothing here; overFrom is the word of podStats.over the next look
+	// starts at (overPod).
+	victim   uint16
+	overFrom int
 
 	// pressure is set while the shard is over pressureOn of its capacity,
 	// until it falls under pressureOff. Only then do lookups keep ages up
@@ -60,8 +73,8 @@ type shard struct {
 }
 
 // A shard is under pressure from 3/4 of its capacity, so that lookups have
-// marked the blocks they match by the time the clock first sweeps, and
-// until it falls back to 1/2.
+// marked the blocks they match by the time eviction first counts ages
+// down, and until it falls back to 1/2.
 const (
 	pressureOnNum  = 3
 	pressureOnDen  = 4
@@ -77,9 +90,11 @@ type paddedShard struct {
 	_ [(256 - unsafe.Sizeof(shard{})%256) % 256]byte
 }
 
-func (sh *shard) init(a *arena, shardBits uint, capacity int, pressured *atomic.Int32) {
+func (sh *shard) init(a *arena, shardBits uint, capacity int, pressured *atomic.Int32, pods *podStats) {
 	sh.a = a
 	sh.pressured = pressured
+	sh.pods = pods
+	sh.victim = noVictim
 	sh.tbl.Store(newTable(minLines, shardBits))
 	sh.dir.Store(&setDir{})
 	sh.capacity = capacity
@@ -180,19 +195,22 @@ func (sh *shard) freeSet(w uint64) {
 	sh.freeSets = append(sh.freeSets, i)
 }
 
-// add records that pod id holds h on the tiers in bit; when h is new, its
-// record is record off of segment seg, which the caller took for it (and
-// counts as filled). It returns the holdings evicted to make room, whether
-// h was skipped because no room could be made, and whether it used the
-// record.
-func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (evicted int, skipped, used bool) {
+// add records that pod ad.id holds h on the tiers in bit; when h is new,
+// its record is record off of segment seg, which the caller took for it
+// (and counts as filled). It counts in ad the holding gained, the holdings
+// evicted to make room, or h skipped because no room could be made, and
+// reports whether it used the record.
+func (sh *shard) add(h uint64, ad *adder, bit uint64, seg *segment, off int) (used bool) {
+	id := ad.id
 	t := sh.tbl.Load()
 	_, r, ok := t.find(sh.a, h)
 	if !ok {
 		if sh.holdings >= sh.capacity {
-			if evicted, ok = sh.makeRoom(h); !ok {
-				return evicted, true, false
+			if !sh.makeRoom(h, ad) {
+				ad.skipped++
+				return false
 			}
+			t = sh.tbl.Load() // evictions may have shrunk it
 		}
 		if uint64(sh.n+1)*maxLoadDen > t.nSlots*maxLoadNum {
 			t = sh.resize(t.nLines * growNum / growDen)
@@ -207,7 +225,8 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 		}
 		sh.n++
 		sh.gained(id, h)
-		return evicted, false, true
+		ad.gained++
+		return true
 	}
 	w := atomic.LoadUint64(&r.w)
 	if w&ovfFlag == 0 {
@@ -215,7 +234,7 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 			if m&bit == 0 {
 				atomic.StoreUint64(&r.w, w|bit<<(podBits+shift))
 			}
-			return 0, false, false
+			return false
 		}
 	} else {
 		s := sh.loadSet(w)
@@ -223,13 +242,14 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 			if m&bit == 0 {
 				sh.replaceSet(w, s.with(i, id, m|bit))
 			}
-			return 0, false, false
+			return false
 		}
 	}
 	// A new holder of a stored key.
 	if sh.holdings >= sh.capacity {
-		if evicted, ok = sh.makeRoom(h); !ok {
-			return evicted, true, false
+		if !sh.makeRoom(h, ad) {
+			ad.skipped++
+			return false
 		}
 		w = atomic.LoadUint64(&r.w) // eviction skips h, but its record stays
 	}
@@ -246,7 +266,8 @@ func (sh *shard) add(h uint64, id uint16, bit uint64, seg *segment, off int) (ev
 		atomic.StoreUint64(&r.w, w&ageMask|ovfFlag|sh.newSet(s))
 	}
 	sh.gained(id, h)
-	return evicted, false, false
+	ad.gained++
+	return false
 }
 
 // drop deletes entry j of t, which the caller has emptied of holders, and
@@ -313,23 +334,23 @@ func (sh *shard) move(h uint64, seg *segment, off int) bool {
 }
 
 // unset clears the tiers in bits of pod id's holding of h and reports
-// whether any of them was set. When the pod is left holding h on no tier
-// it loses the key; compact says whether its ownership list may be
+// whether any of them was set, and whether the pod, left holding h on no
+// tier, lost the key. compact says whether its ownership list may be
 // compacted (not while a caller walks it).
-func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *release) bool {
+func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *release) (removed, lost bool) {
 	t := sh.tbl.Load()
 	j, r, ok := t.find(sh.a, h)
 	if !ok {
-		return false
+		return false, false
 	}
 	if w := atomic.LoadUint64(&r.w); w&ovfFlag == 0 {
 		shift, m, found := inlineFind(w, id)
 		if !found || m&bits == 0 {
-			return false
+			return false, false
 		}
 		if m&^bits != 0 {
 			atomic.StoreUint64(&r.w, w&^(bits<<(podBits+shift)))
-			return true
+			return true, false
 		}
 		if w &^= holderMask << shift; empty(w) {
 			sh.drop(t, j, rel)
@@ -340,7 +361,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *rele
 		s := sh.loadSet(w)
 		i, m := s.find(id)
 		if i < 0 || m&bits == 0 {
-			return false
+			return false, false
 		}
 		m &^= bits
 		s = s.with(i, id, m)
@@ -356,7 +377,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *rele
 			sh.freeSet(w)
 		}
 		if m != 0 {
-			return true
+			return true, false
 		}
 	}
 	if compact {
@@ -364,7 +385,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *rele
 	}
 	sh.lost(id, compact)
 	sh.maybeShrink()
-	return true
+	return true, true
 }
 
 // disown drops h's fraction from the front or the back of pod id's
@@ -372,7 +393,7 @@ func (sh *shard) unset(h uint64, id uint16, bits uint64, compact bool, rel *rele
 // reverse) find it, unless the pod holds another key of that fraction.
 // Lists then need compacting only for blocks removed out of order.
 func (sh *shard) disown(t *table, id uint16, h uint64) {
-	l := sh.owned[id]
+	l := sh.list(id)
 	n := len(l)
 	f := t.frac(h)
 	if n == 0 || l[0] != f && l[n-1] != f {
@@ -382,9 +403,22 @@ func (sh *shard) disown(t *table, id uint16, h uint64) {
 		return
 	}
 	if l[0] == f {
-		sh.owned[id] = l[1:]
+		sh.pop(id)
 	} else {
-		sh.owned[id] = l[:n-1]
+		sh.owned[id] = sh.owned[id][:len(sh.owned[id])-1]
+		if n == 1 {
+			sh.owned[id], sh.head[id] = sh.owned[id][:0], 0
+		}
+	}
+}
+
+// list returns pod id's ownership list.
+func (sh *shard) list(id uint16) []uint32 { return sh.owned[id][sh.head[id]:] }
+
+// pop drops the first entry of pod id's ownership list.
+func (sh *shard) pop(id uint16) {
+	if sh.head[id]++; int(sh.head[id]) == len(sh.owned[id]) {
+		sh.owned[id], sh.head[id] = sh.owned[id][:0], 0
 	}
 }
 
@@ -392,6 +426,7 @@ func (sh *shard) disown(t *table, id uint16, h uint64) {
 func (sh *shard) gained(id uint16, h uint64) {
 	if int(id) >= len(sh.count) {
 		sh.count = append(sh.count, make([]int32, int(id)+1-len(sh.count))...)
+		sh.head = append(sh.head, make([]int32, int(id)+1-len(sh.head))...)
 		sh.owned = append(sh.owned, make([][]uint32, int(id)+1-len(sh.owned))...)
 	}
 	sh.holdings++
@@ -400,15 +435,29 @@ func (sh *shard) gained(id uint16, h uint64) {
 		sh.pressured.Add(1)
 	}
 	sh.count[id]++
-	l := sh.owned[id]
+	sh.own(id, sh.tbl.Load().frac(h))
+}
+
+// own appends fraction f to pod id's ownership list. A full list moves
+// back to the start of its array when an eighth of it or more was taken
+// from the front, as eviction does, so that a list that evicts as much as
+// it gains allocates nothing; else it grows.
+func (sh *shard) own(id uint16, f uint32) {
+	l, head := sh.owned[id], int(sh.head[id])
 	if len(l) == cap(l) {
-		// Grow by an eighth, not append's half or double: these lists are
-		// a quarter of the store's memory.
-		n := make([]uint32, len(l), len(l)+len(l)/8+8)
-		copy(n, l)
-		l = n
+		live := l[head:]
+		if head > len(live)/8 {
+			l = l[:copy(l, live)]
+		} else {
+			// Grow by an eighth, not append's half or double: these lists
+			// are a quarter of the store's memory.
+			n := make([]uint32, len(live), len(live)+len(live)/8+8)
+			copy(n, live)
+			l = n
+		}
+		sh.head[id] = 0
 	}
-	sh.owned[id] = append(l, sh.tbl.Load().frac(h))
+	sh.owned[id] = append(l, f)
 }
 
 func (sh *shard) lost(id uint16, compact bool) {
@@ -419,7 +468,7 @@ func (sh *shard) lost(id uint16, compact bool) {
 	}
 	sh.count[id]--
 	c := int(sh.count[id])
-	if compact && len(sh.owned[id]) > c+c/2+ownedSlack {
+	if compact && len(sh.list(id)) > c+c/2+ownedSlack {
 		sh.compactOwned(id)
 	}
 }
@@ -432,7 +481,7 @@ func (sh *shard) lost(id uint16, compact bool) {
 // after.
 func (sh *shard) compactOwned(id uint16) {
 	t := sh.tbl.Load()
-	l := sh.owned[id]
+	l := sh.list(id)
 	var sink uint64
 	for _, f := range l {
 		sink += t.at(t.fracHome(f))
@@ -455,7 +504,7 @@ func (sh *shard) compactOwned(id uint16) {
 	case cap(out) > 2*len(out)+ownedSlack:
 		out = slices.Clip(slices.Clone(out))
 	}
-	sh.owned[id] = out
+	sh.owned[id], sh.head[id] = out, 0
 }
 
 // firstHeld returns the record and word of the first key with fraction f
@@ -486,13 +535,15 @@ func (sh *shard) holdsIn(w uint64, id uint16) bool {
 	return i >= 0
 }
 
-// clearPod removes every holding of pod id, walking its ownership list.
-func (sh *shard) clearPod(id uint16) {
+// clearPod removes every holding of pod id, walking its ownership list,
+// and returns how many there were.
+func (sh *shard) clearPod(id uint16) int {
 	if int(id) >= len(sh.count) {
-		return
+		return 0
 	}
-	l := sh.owned[id]
-	sh.owned[id] = nil
+	n := int(sh.count[id])
+	l := sh.list(id)
+	sh.owned[id], sh.head[id] = nil, 0
 	for _, f := range l {
 		for {
 			r, _, ok := sh.firstHeld(sh.tbl.Load(), f, id)
@@ -503,85 +554,15 @@ func (sh *shard) clearPod(id uint16) {
 		}
 	}
 	sh.count[id] = 0
+	return n
 }
 
 // forget drops the bookkeeping of a pod that holds nothing here.
 func (sh *shard) forget(id uint16) {
 	if int(id) < len(sh.count) {
-		sh.owned[id] = nil
+		sh.owned[id], sh.head[id] = nil, 0
 		sh.count[id] = 0
 	}
-}
-
-// makeRoom evicts blocks other than skip until a holding fits.
-func (sh *shard) makeRoom(skip uint64) (evicted int, ok bool) {
-	for sh.holdings >= sh.capacity {
-		n, ok := sh.evictOne(skip)
-		if !ok {
-			return evicted, false
-		}
-		evicted += n
-	}
-	return evicted, true
-}
-
-// evictOne forgets one block chosen by a clock with a 2-bit age per block:
-// a block is stored with age 1 and set to 3 when a lookup matches it at
-// age 0 or 1 (while the shard is under pressure); the hand sweeps the
-// slots, counting ages down, and evicts the first block at 0. So a block
-// just stored and never matched goes on the hand's second pass, and a
-// block lookups keep matching stays: it needs three passes without them. Blocks near the root of popular
-// prompts are matched by every lookup that reaches them and stay; the
-// tails of prompts nobody asks for again go first. (With one reference
-// bit, a table whose blocks were all just stored or matched looks all
-// alike after one sweep, and the hand then evicts matched blocks as
-// readily as others.) It returns the holdings dropped.
-func (sh *shard) evictOne(skip uint64) (int, bool) {
-	t := sh.tbl.Load()
-	end := t.end()
-	for range (ageMask>>ageShift+1)*end + 1 { // ages count down to 0 within this many sweeps
-		if sh.hand >= end {
-			sh.hand = 0
-		}
-		j := sh.hand
-		if e := t.at(j); e != 0 {
-			r := sh.a.rec(entryLoc(e))
-			switch w := atomic.LoadUint64(&r.w); {
-			case atomic.LoadUint64(&r.k) == skip:
-			case w&ageMask != 0:
-				atomic.StoreUint64(&r.w, w-1<<ageShift)
-			default:
-				// The entry shifted into j by the deletion is inspected next.
-				return sh.evictSlot(t, j, w), true
-			}
-		}
-		sh.hand = j + 1
-	}
-	return 0, false
-}
-
-func (sh *shard) evictSlot(t *table, j uint64, w uint64) int {
-	var ids [inline]uint16
-	held := ids[:0]
-	if w&ovfFlag == 0 {
-		for shift := uint(0); shift < inline*holderBits; shift += holderBits {
-			if hd := w >> shift & holderMask; hd != 0 {
-				held = append(held, idOf(hd))
-			}
-		}
-	} else {
-		for _, hd := range sh.loadSet(w).h {
-			held = append(held, idOf(uint64(hd)))
-		}
-		sh.freeSet(w)
-	}
-	h := atomic.LoadUint64(&sh.a.rec(entryLoc(t.at(j))).k)
-	sh.drop(t, j, nil)
-	for _, id := range held {
-		sh.disown(t, id, h)
-		sh.lost(id, true)
-	}
-	return len(held)
 }
 
 // resize rehashes the table into one of nLines home lines (or more, should
@@ -605,7 +586,6 @@ func (sh *shard) resize(nLines uint64) *table {
 		}
 	}
 	sh.seq.Add(1)
-	sh.hand = sh.hand * t.end() / old.end()
 	sh.tbl.Store(t)
 	return t
 }
@@ -623,7 +603,7 @@ func (sh *shard) maybeShrink() {
 // bytes estimates the memory the shard holds.
 func (sh *shard) bytes() int64 {
 	b := int64(len(sh.tbl.Load().s))*8 + int64(len(sh.dir.Load().sets))*8 + int64(cap(sh.freeSets))*4
-	b += int64(cap(sh.count))*4 + int64(cap(sh.owned))*24
+	b += int64(cap(sh.count))*4 + int64(cap(sh.head))*4 + int64(cap(sh.owned))*24
 	for _, l := range sh.owned {
 		b += int64(cap(l)) * 4
 	}

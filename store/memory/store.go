@@ -44,6 +44,11 @@ type Store struct {
 	names []string          // by id; "" for ids not in use
 	live  [MaxPods / 64]uint64
 	free  []uint16 // ids to reuse
+	// cacheSizes are the sizes SetCacheBlocks set, by pod name, whether
+	// the pod has an id or not; at most MaxPods.
+	cacheSizes map[string]int64
+
+	pods podStats // by id: holdings, cache sizes, evictions
 }
 
 var _ store.Store = (*Store)(nil)
@@ -63,13 +68,15 @@ func New(opts Options) (*Store, error) {
 		capacity:  opts.CapacityBlocks,
 		ids:       make(map[string]uint16),
 	}
+	s.cacheSizes = make(map[string]int64)
+	s.pods.capacity = int64(opts.CapacityBlocks)
 	s.arena.init()
 	for i := range s.shards {
 		c := opts.CapacityBlocks / n
 		if i < opts.CapacityBlocks%n {
 			c++
 		}
-		s.shards[i].init(&s.arena, shardBits, c, &s.pressured)
+		s.shards[i].init(&s.arena, shardBits, c, &s.pressured, &s.pods)
 	}
 	m, err := newMetrics(opts.Registerer, s)
 	if err != nil {
@@ -99,9 +106,11 @@ func check(ctx context.Context, pod string, tier store.Tier) error {
 	return nil
 }
 
-// Add records that pod holds keys on tier. When the store is full it
-// evicts other blocks; a key that still does not fit is skipped and
-// counted.
+// Add records that pod holds keys on tier. When a shard is full it evicts
+// a holding first from a pod over its cache size or fair share (see the
+// package documentation); a key that still does not fit is skipped. Both
+// count against the pod they take from: its matches are Incomplete until
+// it is cleared.
 func (s *Store) Add(ctx context.Context, pod string, tier store.Tier, keys []uint64) error {
 	return s.add(ctx, pod, tier, keys, 0, false)
 }
@@ -135,7 +144,8 @@ func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uin
 		id, ok = s.ids[pod] // a ClearPod may have raced in between
 	}
 	bit := uint64(1) << tier
-	evicted, skipped := 0, 0
+	ad := adder{id: id}
+	skipped := 0 // for want of records
 	for start := 0; start < len(keys); start += maxRun {
 		part := keys[start:min(start+maxRun, len(keys))]
 		// The keys get consecutive records, those already stored excepted:
@@ -171,12 +181,8 @@ func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uin
 			h := mix(k)
 			sh := s.shard(h)
 			sh.lock()
-			e, skip, u := sh.add(h, id, bit, seg, off+i)
+			u := sh.add(h, &ad, bit, seg, off+i)
 			sh.unlock()
-			evicted += e
-			if skip {
-				skipped++
-			}
 			if u {
 				used = i + 1
 				filled++
@@ -185,14 +191,26 @@ func (s *Store) add(ctx context.Context, pod string, tier store.Tier, keys []uin
 		// Counted once for the run, not a locked add a key.
 		s.arena.filled(seg, filled)
 		s.arena.finish(seg, off, used, len(part), reserve)
+		s.pods.addHeld(id, ad.gained)
+		ad.gained = 0
+	}
+	if skipped += ad.skipped; skipped > 0 {
+		// Under mu, while id is still the pod's.
+		s.pods.evicted[id].Add(int64(skipped))
 	}
 	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
 		s.compact()
 	}
 	s.mu.RUnlock()
+	evicted := 0
+	for why, n := range ad.evicted {
+		if n > 0 {
+			evicted += n
+			s.metrics.evictions[why].Add(float64(n))
+		}
+	}
 	if evicted > 0 {
 		s.evicted.Add(int64(evicted))
-		s.metrics.evictions.Add(float64(evicted))
 	}
 	if skipped > 0 {
 		s.skipped.Add(int64(skipped))
@@ -276,6 +294,7 @@ func (s *Store) intern(pod string) error {
 	}
 	s.ids[pod] = id
 	s.live[id/64] |= 1 << (id % 64)
+	s.pods.reset(id, s.cacheSizes[pod])
 	return nil
 }
 
@@ -328,7 +347,11 @@ func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []
 		return 0, nil
 	}
 	bit := uint64(1) << tier
-	removed := 0
+	var held int64
+	if tier == store.TierGPU {
+		held = s.pods.held[id].Load()
+	}
+	removed, lost := 0, 0
 	var rel release
 	for i, k := range keys {
 		if i%maxChunk == 0 && len(keys) > 1 {
@@ -337,12 +360,22 @@ func (s *Store) Remove(ctx context.Context, pod string, tier store.Tier, keys []
 		h := mix(k)
 		sh := s.shard(h)
 		sh.lock()
-		if sh.unset(h, id, bit, true, &rel) {
+		r, l := sh.unset(h, id, bit, true, &rel)
+		sh.unlock()
+		if r {
 			removed++
 		}
-		sh.unlock()
+		if l {
+			lost++
+		}
 	}
 	rel.flush(&s.arena)
+	s.pods.addHeld(id, -int64(lost))
+	if tier == store.TierGPU && removed > 0 {
+		// The engine evicted from a full cache: it holds at least what it
+		// held before.
+		s.pods.learn(id, held)
+	}
 	if s.arena.nsparse.Load() > 0 && s.arena.wasteful() {
 		s.compact()
 	}
@@ -366,12 +399,14 @@ func (s *Store) ClearPod(ctx context.Context, pod string) error {
 	if !ok {
 		return nil
 	}
+	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i].shard
 		sh.lock()
-		sh.clearPod(id)
+		n += sh.clearPod(id)
 		sh.unlock()
 	}
+	s.pods.addHeld(id, -int64(n))
 	for s.arena.nsparse.Load() > 0 && s.arena.wasteful() && s.compact() {
 	}
 	s.mu.Lock()
@@ -381,7 +416,8 @@ func (s *Store) ClearPod(ctx context.Context, pod string) error {
 	return nil
 }
 
-// Pods lists the pods holding at least one block, sorted by name.
+// Pods lists the pods holding at least one block, or whose blocks were
+// evicted since they were last cleared, sorted by name.
 func (s *Store) Pods(ctx context.Context) ([]store.PodInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memory: %w", err)
@@ -391,12 +427,60 @@ func (s *Store) Pods(ctx context.Context) ([]store.PodInfo, error) {
 	counts := s.countsLocked()
 	out := make([]store.PodInfo, 0, len(s.ids))
 	for name, id := range s.ids {
-		if counts[id] > 0 {
-			out = append(out, store.PodInfo{Name: name, Blocks: counts[id]})
+		if ev := s.pods.evicted[id].Load(); counts[id] > 0 || ev > 0 {
+			out = append(out, store.PodInfo{Name: name, Blocks: counts[id], Evicted: int(ev)})
 		}
 	}
 	slices.SortFunc(out, func(a, b store.PodInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// SetCacheBlocks sets the size of pod's own KV cache in blocks; 0 clears
+// it. A pod holding more than its cache size plus an eighth is the first
+// to lose blocks when a shard is full (see the package documentation). The
+// size is kept by name, before the pod holds any block and after it is
+// cleared, for at most MaxPods pods: beyond that, sizes of pods that hold
+// no blocks make room, and a size that finds none is not kept.
+func (s *Store) SetCacheBlocks(pod string, blocks int) {
+	if pod == "" {
+		return
+	}
+	n := int64(min(max(blocks, 0), MaxCapacityBlocks))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id, ok := s.ids[pod]; ok {
+		s.pods.cache[id].Store(n)
+		s.pods.checkOver(id)
+	}
+	switch _, known := s.cacheSizes[pod]; {
+	case n == 0:
+		delete(s.cacheSizes, pod)
+	case known || len(s.cacheSizes) < MaxPods || s.dropCacheSizeLocked():
+		s.cacheSizes[pod] = n
+	}
+}
+
+// dropCacheSizeLocked forgets the cache size of a pod without an id, if
+// there is one, and reports whether it did; mu is held for writing.
+func (s *Store) dropCacheSizeLocked() bool {
+	for name := range s.cacheSizes {
+		if _, ok := s.ids[name]; !ok {
+			delete(s.cacheSizes, name)
+			return true
+		}
+	}
+	return false
+}
+
+// forEachEvicted calls f for every pod with evictions counted, under mu.
+func (s *Store) forEachEvicted(f func(pod string, n int64)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for name, id := range s.ids {
+		if n := s.pods.evicted[id].Load(); n > 0 {
+			f(name, n)
+		}
+	}
 }
 
 // Stats is a snapshot of a Store's size and counters.

@@ -22,13 +22,15 @@
 // held by 100 pods, queries of 1,000 keys, reuse of the out slice, invalid
 // input, canceled contexts, concurrent writers and readers, and, for stores
 // that implement Bounded with a small enough capacity, that the capacity is
-// never exceeded.
+// never exceeded and that a pod flooding the store costs only itself: the
+// other pods' answers stay whole and complete, its own are marked
+// Incomplete, and Pods counts its evictions until it is cleared.
 //
 // # Caveats
 //
 // Run Concurrent under the race detector: its value is there. Loop counts
 // are bounded, so it takes well under a second against the memory backend
-// and a few seconds against a networked one. Capacity is only checked for
-// capacities up to MaxBoundedCapacity; run the suite a second time with a
-// small capacity to exercise it.
+// and a few seconds against a networked one. Capacity and FairShare are
+// only checked for capacities up to MaxBoundedCapacity; run the suite a
+// second time with a small capacity to exercise them.
 package storetest

@@ -27,8 +27,8 @@ const MaxBoundedCapacity = 1 << 16
 
 // Run runs the conformance suite. newStore returns a new, empty store for
 // each subtest and arranges its cleanup with t.Cleanup. Apart from
-// Capacity, subtests add at most about 6,000 blocks and expect all of them
-// kept: a bounded store needs room for that many.
+// Capacity and FairShare, subtests add at most about 6,000 blocks and
+// expect all of them kept: a bounded store needs room for that many.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	tests := []struct {
 		name string
@@ -55,6 +55,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"CanceledContext", testCanceledContext},
 		{"Concurrent", testConcurrent},
 		{"Capacity", testCapacity},
+		{"FairShare", testFairShare},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, newStore(t)) })
@@ -682,7 +683,7 @@ func testConcurrent(t *testing.T, s store.Store) {
 						return
 					}
 					for _, p := range ps {
-						if owner(p.Name) < 0 || p.Blocks < 1 || p.Blocks > len(shared)+private {
+						if owner(p.Name) < 0 || p.Blocks < 1 && p.Evicted == 0 || p.Blocks > len(shared)+private {
 							t.Errorf("reader %d: Pods: bad %+v", r, p)
 						}
 					}
@@ -761,6 +762,98 @@ func testCapacity(t *testing.T, s store.Store) {
 	for _, m := range lookup(t, s, last) {
 		if m.Blocks > batch {
 			t.Fatalf("Lookup of the last batch: %+v", m)
+		}
+	}
+}
+
+// testFairShare fills a Bounded store with a few pods that stay well
+// within their share of it, then floods it with one pod that adds three
+// times its capacity. The flood must cost the flooding pod alone: the
+// others' lookups are unchanged and complete, and a block they add
+// afterwards is kept, while the flooding pod's matches are Incomplete and
+// Pods counts its evictions until it is cleared.
+func testFairShare(t *testing.T, s store.Store) {
+	b, ok := s.(Bounded)
+	if !ok {
+		t.Skip("store has no capacity")
+	}
+	c := b.CapacityBlocks()
+	if c > MaxBoundedCapacity {
+		t.Skipf("capacity %d is too large to fill here (at most %d)", c, MaxBoundedCapacity)
+	}
+	const batch = 64
+	// Three pods with an eighth of the capacity each, when the four pods'
+	// fair share is a quarter.
+	honest := []string{"honest-0", "honest-1", "honest-2"}
+	per := c / 8 / batch
+	if per == 0 {
+		t.Skipf("capacity %d is too small for prompts of %d blocks", c, batch)
+	}
+	prompt := func(pod, i int) []uint64 { return Keys(uint64(1<<21+pod<<12+i), batch) }
+	for i := range per {
+		for p, pod := range honest {
+			add(t, s, pod, store.TierGPU, prompt(p, i)...)
+		}
+	}
+	checkHonest := func(when string, extra int) {
+		t.Helper()
+		for p, pod := range honest {
+			for i := range per + extra {
+				got := lookup(t, s, prompt(p, i), pod)
+				if m := got[pod]; m != gpu(batch) {
+					t.Fatalf("%s: lookup of %s's prompt %d = %+v, want all %d blocks, complete", when, pod, i, m, batch)
+				}
+			}
+			extra = 0 // only the first pod added more
+		}
+	}
+	checkHonest("before the flood", 0)
+
+	const greedy = "greedy"
+	floods := 3 * c / batch
+	for i := range floods {
+		add(t, s, greedy, store.TierGPU, Keys(uint64(1<<22+i), batch)...)
+	}
+	checkHonest("after the flood", 0)
+	last := lookup(t, s, Keys(uint64(1<<22+floods-1), batch), greedy)
+	if m, ok := last[greedy]; !ok || !m.Incomplete {
+		t.Fatalf("lookup of the flooding pod's last blocks = %+v, want a match marked Incomplete", last)
+	}
+	total := 0
+	var info *store.PodInfo
+	for _, p := range pods(t, s) {
+		total += p.Blocks
+		switch {
+		case p.Name == greedy:
+			info = &p
+		case p.Blocks != per*batch || p.Evicted != 0:
+			t.Fatalf("Pods: %+v, want %d blocks and none evicted", p, per*batch)
+		}
+	}
+	if total > c {
+		t.Fatalf("the store holds %d blocks, capacity %d", total, c)
+	}
+	if info == nil || info.Evicted == 0 {
+		t.Fatalf("Pods: flooding pod %+v, want evictions counted", info)
+	}
+
+	// A pod within its share adds more: the flooding pod makes room.
+	add(t, s, honest[0], store.TierGPU, prompt(0, per)...)
+	checkHonest("after adding more", 1)
+
+	// Clearing the flooding pod resets its count.
+	clearPod(t, s, greedy)
+	for _, p := range pods(t, s) {
+		if p.Name == greedy {
+			t.Fatalf("Pods after ClearPod lists %+v", p)
+		}
+	}
+	again := Keys(uint64(1<<23), 4)
+	add(t, s, greedy, store.TierGPU, again...)
+	wantMatches(t, lookup(t, s, again, greedy), map[string]store.Match{greedy: gpu(4)})
+	for _, p := range pods(t, s) {
+		if p.Name == greedy && (p.Blocks != 4 || p.Evicted != 0) {
+			t.Fatalf("Pods after ClearPod and an Add of 4 blocks: %+v, want 4 blocks, none evicted", p)
 		}
 	}
 }
