@@ -1,12 +1,18 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,5 +264,68 @@ func BenchmarkServerMatch(b *testing.B) {
 		if err != nil || len(resp.GetPods()) != 1 {
 			b.Fatalf("%v %v", resp, err)
 		}
+	}
+}
+
+// BenchmarkHTTPMatch measures POST /v1/match over loopback HTTP/1.1 (the
+// handler in-process, keep-alive connections, one caller per P) on the
+// benchFleet: by 512 block hashes and by 8192 token ids as JSON, and a
+// chat of about 2k tokens tokenized by the server. Reports queries/s.
+func BenchmarkHTTPMatch(b *testing.B) {
+	f := newBenchFleet(b)
+	srv, err := New(f.ix, DefaultOptions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.HTTPHandler())
+	defer hs.Close()
+	chat := strings.Repeat("Summarize the report, keeping every number as written. ", 200)
+	for _, bc := range []struct {
+		name string
+		body func(p int) []byte
+	}{
+		{"hashes-512", func(p int) []byte {
+			body, _ := json.Marshal(map[string]any{"model": testModel, "block_hashes": f.hashes[p]})
+			return body
+		}},
+		{"tokens-8k", func(p int) []byte {
+			body, _ := json.Marshal(map[string]any{"model": testModel, "token_ids": f.tokens[p]})
+			return body
+		}},
+		{"chat", func(p int) []byte {
+			body, _ := json.Marshal(map[string]any{"model": testModel, "messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("%d %s", p, chat)}}})
+			return body
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			bodies := make([][]byte, benchPods)
+			for p := range bodies {
+				bodies[p] = bc.body(p)
+			}
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+			defer client.CloseIdleConnections()
+			var worker atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				p := int(worker.Add(1))
+				for pb.Next() {
+					p = (p + 7) % benchPods
+					resp, err := client.Post(hs.URL+"/v1/match", "application/json", bytes.NewReader(bodies[p]))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						b.Errorf("query %d: %s", p, resp.Status)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "queries/s")
+		})
 	}
 }

@@ -7,12 +7,26 @@
 //
 // New builds a Server over an indexer.Indexer with Options: Limits, a
 // Metrics built from a prometheus.Registerer (which may be nil), an
-// optional StatsSource for ingest rates, and a logger. NewGRPCServer
+// optional StatsSource for ingest rates, a logger, and a recovery.Guard
+// that counts and logs a panic answering a query. NewGRPCServer
 // returns a grpc.Server with everything registered; serve it on a listener,
 // call SetServing(false) when shutting down and stop it with GracefulStop.
 // Limits.AddFlags registers the limits' flags. HTTPHandler (or
 // NewHTTPHandler) serves POST /v1/match and GET /v1/pods for mounting next
-// to /metrics; it shares the server's limits and concurrency slots.
+// to /metrics; it shares the server's limits, concurrency slots and byte
+// budget.
+//
+// A query is admitted before its request is read: it takes one of
+// MaxConcurrent slots, then reserves its bytes from MaxInflightBytes,
+// shared by gRPC and HTTP (an HTTP body its Content-Length; a gRPC
+// message, whose size gRPC reads with it, MaxMessageBytes), and reads the
+// request into one buffer of its size. Decoding (rpc/internal/codec for
+// gRPC, rpc/internal/jsonquery for JSON) reserves each slice, string and
+// message before allocating it and stops at the first token id or block
+// hash over its limit; text is tokenized up to MaxTokens and no further.
+// After decoding a gRPC query keeps reserved what its request holds; an
+// HTTP query keeps its body's bytes too, until its answer is written.
+// Every refusal is counted in prefixd_query_refused_total by reason.
 //
 // A query gives exactly one input: token ids, block hashes, completion
 // text or chat messages (tokenized here with llm-d-inference-sim's
@@ -20,9 +34,11 @@
 // InvalidArgument for a query without or with several inputs, or over
 // MaxTokens or MaxBlockHashes (the message names the limit); NotFound for
 // an unknown model, naming the known ones; ResourceExhausted when
-// MaxConcurrent queries already run (gRPC's own message size check also
-// answers ResourceExhausted, naming the limit); DeadlineExceeded and
-// Canceled from the call's context, which every query honours.
+// MaxConcurrent queries already run or the byte budget has no room for
+// the query (gRPC's own message size check also answers
+// ResourceExhausted, naming the limit); DeadlineExceeded and Canceled from
+// the call's context, which every query honours; Internal for a panic
+// answering it, recovered, counted and logged (HTTP: 500).
 //
 // Score answers what llm-d's precise-prefix-cache-scorer computes from its
 // own index: the matched pods' scores min-max normalized to 0..1, all 1
@@ -38,8 +54,17 @@
 //
 // # Caveats
 //
-// Queries over the concurrency limit are refused, not queued: callers
-// retry or fall back to another scorer. Block hash queries of a model kept
+// Queries over the concurrency limit or the byte budget are refused, not
+// queued: callers retry or fall back to another scorer. A gRPC query holds
+// MaxMessageBytes of the budget while its message is read, so at most
+// MaxInflightBytes/MaxMessageBytes (64 with the defaults) are read at
+// once, and a client that trickles its message holds its share until it
+// is sent or the call's deadline passes (an HTTP body must arrive within
+// 30 seconds). The budget bounds the memory queries hold, not the
+// process's: the garbage they leave waits for the collector, which with
+// GOGC=100 lets the heap grow to about twice what is live (300 concurrent
+// 4 MiB bodies peaked at under 500 MB with the 256 MiB default); a memory
+// limit (GOMEMLIMIT) brings that closer to the budget. Block hash queries of a model kept
 // in key mode tokens are refused up front only when the query names the
 // base model; through a LoRA adapter's name the indexer refuses them, which
 // surfaces as Internal. HTTP block hashes are JSON numbers: clients whose

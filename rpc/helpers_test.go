@@ -89,11 +89,12 @@ func (f *fleet) store(tb testing.TB, pod string, hashes []uint64) {
 }
 
 // serveBufconn serves s over an in-memory listener and returns a connection
-// to it; both are closed when the test ends.
-func serveBufconn(tb testing.TB, s *Server) *grpc.ClientConn {
+// to it, with server options (an interceptor); both are closed when the
+// test ends.
+func serveBufconn(tb testing.TB, s *Server, opts ...grpc.ServerOption) *grpc.ClientConn {
 	tb.Helper()
 	lis := bufconn.Listen(1 << 20)
-	g := s.NewGRPCServer()
+	g := s.NewGRPCServer(opts...)
 	done := make(chan error, 1)
 	go func() { done <- g.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",

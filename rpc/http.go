@@ -3,7 +3,7 @@ package rpc
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -12,11 +12,14 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/rpc/internal/jsonquery"
 )
 
 // MatchRequestJSON is the body of POST /v1/match: MatchRequest's fields
 // under their proto names. Messages' content is a string or an array of
-// OpenAI content parts.
+// OpenAI content parts. The handler decodes it as encoding/json would
+// decode this type with DisallowUnknownFields, but in one pass with the
+// limits applied as it reads (see HTTPHandler).
 type MatchRequestJSON struct {
 	Model       string             `json:"model"`
 	LoRA        string             `json:"lora,omitempty"`
@@ -47,6 +50,9 @@ type PodMatchJSON struct {
 	DiskBlocks int     `json:"disk_blocks"`
 	Score      float64 `json:"score"`
 	Stale      bool    `json:"stale"`
+	// Incomplete is set when the index forgot blocks the pod still holds,
+	// to make room: it may hold a longer prefix than Blocks.
+	Incomplete bool `json:"incomplete"`
 }
 
 // PodsResponseJSON is the answer of GET /v1/pods.
@@ -64,13 +70,21 @@ type PodStatusJSON struct {
 	HasSeq        bool       `json:"has_seq"`
 	LastEventTime *time.Time `json:"last_event_time,omitempty"`
 	Stale         bool       `json:"stale"`
+	// Incomplete is set while EvictedBlocks is above 0.
+	Incomplete bool `json:"incomplete"`
+	// EvictedBlocks counts the pod's blocks the index forgot to make room
+	// since the pod was last cleared.
+	EvictedBlocks int `json:"evicted_blocks"`
 }
 
 // ErrorJSON is the body of every HTTP error answer: the message and the
-// gRPC code's name.
+// gRPC code's name, and for a query refused by a limit the limit's reason
+// as prefixd_query_refused_total counts it: concurrency, memory,
+// too_large, tokens or block_hashes.
 type ErrorJSON struct {
-	Error string `json:"error"`
-	Code  string `json:"code"`
+	Error  string `json:"error"`
+	Code   string `json:"code"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // NewHTTPHandler returns a handler serving POST /v1/match and GET /v1/pods
@@ -85,10 +99,27 @@ func NewHTTPHandler(ix *indexer.Indexer, opts Options) (http.Handler, error) {
 
 // HTTPHandler returns a handler serving Match and Pods as JSON over HTTP:
 // POST /v1/match with a MatchRequestJSON body answers a MatchResponseJSON,
-// GET /v1/pods a PodsResponseJSON. It shares the server's limits and
-// concurrency slots. Errors answer an ErrorJSON: 400 for bad JSON or an
-// invalid query, 404 for an unknown model, 413 for a body over the message
-// size limit, 429 over the concurrency limit, 504 past the deadline.
+// GET /v1/pods a PodsResponseJSON. It shares the server's limits,
+// concurrency slots and byte budget with gRPC.
+//
+// A match takes its concurrency slot before it reads the body, then
+// reserves the body's bytes (its Content-Length, or MaxMessageBytes and a
+// half for a body of unknown length, given back down to what came) and
+// reads it into one buffer; decoding reserves each string and slice before
+// allocating it, stops at the first token id or block hash over the limit,
+// and text is tokenized up to the token limit; the reservation is kept
+// until the answer is written. The body must arrive within 30 seconds.
+// A refused body that was not read into memory is read and dropped after
+// the answer (up to twice MaxMessageBytes, for up to 5 seconds), so that a
+// client still sending it reads the answer rather than a reset
+// connection.
+//
+// Errors answer an ErrorJSON: 400 for bad JSON or an invalid query (over
+// the token or block hash limit: its reason names it), 404 for an unknown
+// model, 413 for a body over the message size limit (refused by its
+// Content-Length without reading it), 429 over the concurrency limit or
+// the byte budget, 500 for a bug (a recovered panic), 504 past the
+// deadline.
 func (s *Server) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/match", s.httpMatch)
@@ -96,14 +127,66 @@ func (s *Server) HTTPHandler() http.Handler {
 	return mux
 }
 
+// drainTimeout bounds the reading of a refused body, dropped so that the
+// client gets its answer rather than a reset.
+const drainTimeout = 5 * time.Second
+
 func (s *Server) httpMatch(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	var req MatchRequestJSON
-	res, err := s.decodeAndMatch(w, r, &req)
-	s.done(methodHTTPMatch, start, res, err)
+	var (
+		res      *indexer.Result
+		err      error
+		answered bool // the answer's header was written
+	)
+	defer func() {
+		if p := recover(); p != nil {
+			res, err = nil, s.recovered(p, whereHTTP)
+			if !answered {
+				writeError(w, err)
+			}
+		}
+		s.done(methodHTTPMatch, start, res, err)
+	}()
+	var unread bool
+	res, unread, err = s.serveHTTPMatch(w, r, &answered)
 	if err != nil {
+		answered = true
 		writeError(w, err)
-		return
+		if unread {
+			s.drain(w, r)
+		}
+	}
+}
+
+// serveHTTPMatch answers a match, the answer written under the query's
+// concurrency slot and reservation, or returns the error to answer, and
+// unread when it came before any of the body was read.
+func (s *Server) serveHTTPMatch(w http.ResponseWriter, r *http.Request, answered *bool) (res *indexer.Result, unread bool, err error) {
+	if err := s.acquire(); err != nil {
+		return nil, true, err
+	}
+	defer s.release()
+	rsv := reservation{b: &s.budget}
+	defer rsv.release()
+	body, unread, err := s.readBody(w, r, &rsv)
+	if err != nil {
+		return nil, unread, err
+	}
+	qb := getQueryBuf()
+	defer qb.put()
+	if err := jsonquery.Decode(body, &qb.q, s.jsonLimits, rsv.grow); err != nil {
+		var le *jsonquery.LimitError
+		var se *jsonquery.SyntaxError
+		switch {
+		case errors.As(err, &le):
+			return nil, false, limitRefusal(le.Field, le.Limit)
+		case errors.As(err, &se):
+			return nil, false, status.Errorf(codes.InvalidArgument, "bad JSON body: %v", err)
+		}
+		return nil, false, err
+	}
+	if res, err = s.answer(r.Context(), qb, rsv.grow); err != nil {
+		return nil, false, err
 	}
 	out := MatchResponseJSON{
 		Model: res.Model, BlockSize: res.BlockSize, Tokens: res.Tokens, TotalBlocks: res.TotalBlocks,
@@ -113,55 +196,124 @@ func (s *Server) httpMatch(w http.ResponseWriter, r *http.Request) {
 		out.Pods[i] = PodMatchJSON{
 			Pod: p.Pod, Blocks: p.Blocks, Tokens: p.Tokens,
 			GPUBlocks: p.TierBlocks[0], CPUBlocks: p.TierBlocks[1], DiskBlocks: p.TierBlocks[2],
-			Score: p.Score, Stale: p.Stale,
+			Score: p.Score, Stale: p.Stale, Incomplete: p.Incomplete,
 		}
 	}
+	*answered = true
 	writeJSON(w, http.StatusOK, out)
+	return res, false, nil
 }
 
-// errBodyTooLarge marks a body over the message size limit.
-var errBodyTooLarge = errors.New("request body too large")
-
-func (s *Server) decodeAndMatch(w http.ResponseWriter, r *http.Request, req *MatchRequestJSON) (*indexer.Result, error) {
-	body := http.MaxBytesReader(w, r.Body, int64(s.limits.MaxMessageBytes))
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(req); err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, fmt.Errorf("%w: the limit is %d bytes", errBodyTooLarge, tooLarge.Limit)
+// readBody reads r's body into one buffer of its size, reserving its bytes
+// first: the Content-Length when the client gave one (over the limit, the
+// body is refused unread), else MaxMessageBytes and a half (the buffer
+// doubles as it fills), given back down to the buffer read into. unread
+// reports a refusal before any byte was read, for the caller to drain.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, rsv *reservation) (body []byte, unread bool, err error) {
+	limit := int64(s.limits.MaxMessageBytes)
+	size := r.ContentLength
+	if size > limit {
+		return nil, true, s.tooLarge(size) // unread; drained if not too long
+	}
+	want := size
+	if size < 0 {
+		want = limit + limit/2
+	}
+	if err := rsv.grow(int(want)); err != nil {
+		return nil, true, err
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.limits.ReadTimeout)) // not every ResponseWriter can
+	if size >= 0 {
+		body = make([]byte, size)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, false, status.Errorf(codes.InvalidArgument, "reading the body of %d bytes: %v", size, err)
 		}
-		return nil, status.Errorf(codes.InvalidArgument, "bad JSON body: %v", err)
+		return body, false, nil
 	}
-	if dec.More() {
-		return nil, status.Error(codes.InvalidArgument, "bad JSON body: more than one value")
+	body = make([]byte, 0, min(16<<10, limit+1))
+	for {
+		if len(body) == cap(body) {
+			if int64(len(body)) > limit {
+				return nil, false, s.tooLarge(-1)
+			}
+			grown := make([]byte, len(body), min(2*int64(cap(body)), limit+1))
+			copy(grown, body)
+			body = grown
+		}
+		n, err := r.Body.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, false, status.Errorf(codes.InvalidArgument, "reading the body: %v", err)
+		}
 	}
-	qb := getQueryBuf()
-	defer qb.put()
-	qb.q = indexer.Query{
-		Model: req.Model, LoRA: req.LoRA, CacheSalt: req.CacheSalt,
-		TokenIDs: req.TokenIDs, BlockHashes: req.BlockHashes, Prompt: req.Prompt,
-		Messages: req.Messages, Pods: req.Pods,
+	if int64(len(body)) > limit {
+		return nil, false, s.tooLarge(-1)
 	}
-	return s.match(r.Context(), qb)
+	rsv.shrinkTo(cap(body))
+	return body, false, nil
+}
+
+// drain reads and drops what the client sends of a refused body, once the
+// answer is flushed, for at most drainTimeout: closing a connection with
+// unread data resets it, and a client still sending its body may then never
+// read its answer. A body declared longer than twice MaxMessageBytes is
+// not drained (nor more than that of a body of unknown length): its
+// connection is closed after the answer.
+func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
+	most := 2 * int64(s.limits.MaxMessageBytes)
+	if r.ContentLength > most {
+		return
+	}
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil {
+		return
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, most))
 }
 
 func (s *Server) httpPods(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	pods, err := s.pods(r.Context())
-	s.done(methodHTTPPods, start, nil, err)
-	if err != nil {
+	var (
+		err      error
+		answered bool
+	)
+	defer func() {
+		if p := recover(); p != nil {
+			err = s.recovered(p, whereHTTP)
+			if !answered {
+				writeError(w, err)
+			}
+		}
+		s.done(methodHTTPPods, start, nil, err)
+	}()
+	if err = s.acquire(); err != nil {
+		answered = true
+		writeError(w, err)
+		return
+	}
+	defer s.release()
+	var pods []indexer.PodStatus
+	if pods, err = s.pods(r.Context()); err != nil {
+		answered = true
 		writeError(w, err)
 		return
 	}
 	out := PodsResponseJSON{Pods: make([]PodStatusJSON, len(pods))}
 	for i, p := range pods {
-		out.Pods[i] = PodStatusJSON{Name: p.Name, Model: p.Model, Blocks: p.Blocks, Seq: p.Seq, HasSeq: p.HasSeq, Stale: p.Stale}
+		out.Pods[i] = PodStatusJSON{
+			Name: p.Name, Model: p.Model, Blocks: p.Blocks, Seq: p.Seq, HasSeq: p.HasSeq, Stale: p.Stale,
+			Incomplete: p.Incomplete, EvictedBlocks: p.Evicted,
+		}
 		if !p.LastEvent.IsZero() {
 			t := p.LastEvent.UTC()
 			out.Pods[i].LastEventTime = &t
 		}
 	}
+	answered = true
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -172,12 +324,16 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	if errors.Is(err, errBodyTooLarge) {
-		writeJSON(w, http.StatusRequestEntityTooLarge, ErrorJSON{Error: err.Error(), Code: codes.InvalidArgument.String()})
-		return
-	}
 	st := status.Convert(err)
-	writeJSON(w, httpStatus(st.Code()), ErrorJSON{Error: st.Message(), Code: st.Code().String()})
+	code := httpStatus(st.Code())
+	var reason string
+	if r := asRefusal(err); r != nil {
+		reason = r.reason
+		if r.reason == reasonTooLarge {
+			code = http.StatusRequestEntityTooLarge
+		}
+	}
+	writeJSON(w, code, ErrorJSON{Error: st.Message(), Code: st.Code().String(), Reason: reason})
 }
 
 func httpStatus(c codes.Code) int {

@@ -6,13 +6,14 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prefixd/prefixd/indexer/tokenize"
 )
 
 func TestHTTPMatch(t *testing.T) {
 	f := newFleet(t)
-	h, err := NewHTTPHandler(f.ix, Options{Limits: Limits{MaxTokens: 1 << 16, MaxBlockHashes: 1024, MaxMessageBytes: 64 << 10, MaxConcurrent: 4}})
+	h, err := NewHTTPHandler(f.ix, Options{Limits: Limits{MaxTokens: 1 << 16, MaxBlockHashes: 1024, MaxMessageBytes: 64 << 10, MaxConcurrent: 4, MaxInflightBytes: 1 << 20, ReadTimeout: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ const (
 	resultHit      = "hit"      // at least one pod matched a block
 	resultMiss     = "miss"     // no pod matched
 	resultError    = "error"    // answered with an error
-	resultRejected = "rejected" // refused: over the concurrency limit
+	resultRejected = "rejected" // refused by a limit (prefixd_query_refused_total says which)
 	resultOK       = "ok"       // answered, by a method that matches nothing (Pods, Stats)
 )
 
@@ -30,11 +30,13 @@ var (
 type Metrics struct {
 	duration *prometheus.HistogramVec // by method
 	queries  *prometheus.CounterVec   // by method, result
+	refused  *prometheus.CounterVec   // by reason
 
 	// Children resolved once: a label lookup per query costs a hash and a
 	// lock in the vector.
 	observers map[string]prometheus.Observer
 	counters  map[[2]string]prometheus.Counter
+	refusals  map[string]prometheus.Counter
 }
 
 // NewMetrics builds the metrics and registers them with reg, which may be nil.
@@ -47,10 +49,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"method"}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_queries_total",
-			Help: "Queries answered, by method and result: hit (some pod matched), miss (none did), ok (Pods, Stats), error, rejected (over the concurrency limit). Hit ratio = hit / (hit + miss).",
+			Help: "Queries answered, by method and result: hit (some pod matched), miss (none did), ok (Pods, Stats), error, rejected (refused by a limit, see prefixd_query_refused_total). Hit ratio = hit / (hit + miss).",
 		}, []string{"method", "result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_query_refused_total",
+			Help: "Queries refused by a limit, gRPC and HTTP together, by reason: concurrency (--query-max-concurrent), memory (--query-max-inflight-bytes), too_large (--query-max-message-bytes), tokens (--query-max-tokens), block_hashes (--query-max-block-hashes).",
+		}, []string{"reason"}),
 		observers: make(map[string]prometheus.Observer),
 		counters:  make(map[[2]string]prometheus.Counter),
+		refusals:  make(map[string]prometheus.Counter),
 	}
 	for _, method := range allMethods {
 		m.observers[method] = m.duration.WithLabelValues(method)
@@ -58,8 +65,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.counters[[2]string{method, r}] = m.queries.WithLabelValues(method, r)
 		}
 	}
+	for _, r := range allReasons {
+		m.refusals[r] = m.refused.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.duration, m.queries)
+		reg.MustRegister(m.duration, m.queries, m.refused)
 	}
 	return m
 }

@@ -4,9 +4,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"time"
+
+	"github.com/prefixd/prefixd/internal/recovery"
 )
 
-// Limits bound what one query may ask and how many run at once.
+// Limits bound what one query may ask, and how many queries and how many
+// bytes of them are in flight at once.
 type Limits struct {
 	// MaxTokens bounds a query's token ids, given or tokenized from text.
 	MaxTokens int
@@ -17,12 +21,29 @@ type Limits struct {
 	// MaxConcurrent bounds the queries in flight, gRPC and HTTP together;
 	// one more is refused at once rather than queued.
 	MaxConcurrent int
+	// MaxInflightBytes bounds the memory that queries in flight hold,
+	// gRPC and HTTP together: each query reserves its body or message
+	// before reading it (a gRPC message, whose size is known only once
+	// read, MaxMessageBytes) and what decoding it allocates before
+	// allocating it, and a query that does not fit is refused at once.
+	// It must leave room for a message of MaxMessageBytes read and
+	// decoded: at least twice MaxMessageBytes.
+	MaxInflightBytes int
+	// ReadTimeout bounds how long a query's HTTP body or gRPC message
+	// may take to arrive (a gRPC call's deadline is cut to it): a client
+	// that sends slowly holds a concurrency slot and its share of the
+	// byte budget meanwhile.
+	ReadTimeout time.Duration
 }
 
 // DefaultLimits are 128k tokens (8k blocks of 16) per query, 8192 block
-// hashes, 4 MiB messages and 512 concurrent queries.
+// hashes, 4 MiB messages, 512 concurrent queries and 256 MiB of them in
+// flight, each arriving within 30 s.
 func DefaultLimits() Limits {
-	return Limits{MaxTokens: 128 << 10, MaxBlockHashes: 8192, MaxMessageBytes: 4 << 20, MaxConcurrent: 512}
+	return Limits{
+		MaxTokens: 128 << 10, MaxBlockHashes: 8192, MaxMessageBytes: 4 << 20,
+		MaxConcurrent: 512, MaxInflightBytes: 256 << 20, ReadTimeout: 30 * time.Second,
+	}
 }
 
 // AddFlags registers the limits' flags on fs, with DefaultLimits as defaults.
@@ -32,9 +53,12 @@ func (l *Limits) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxBlockHashes, "query-max-block-hashes", d.MaxBlockHashes, "most block hashes a query may give")
 	fs.IntVar(&l.MaxMessageBytes, "query-max-message-bytes", d.MaxMessageBytes, "largest gRPC query message or HTTP body, in bytes")
 	fs.IntVar(&l.MaxConcurrent, "query-max-concurrent", d.MaxConcurrent, "most queries answered at once (gRPC and HTTP); more are refused with ResourceExhausted / 429")
+	fs.IntVar(&l.MaxInflightBytes, "query-max-inflight-bytes", d.MaxInflightBytes, "most bytes that queries in flight may hold, read and decoded (gRPC and HTTP); a query that does not fit is refused with ResourceExhausted / 429")
+	fs.DurationVar(&l.ReadTimeout, "query-read-timeout", d.ReadTimeout, "how long a query's HTTP body or gRPC message may take to arrive (gRPC deadlines are cut to it)")
 }
 
-// Validate reports the first limit that is not positive.
+// Validate reports the first limit that is not positive, or a
+// MaxInflightBytes below twice MaxMessageBytes.
 func (l Limits) Validate() error {
 	for _, f := range []struct {
 		name string
@@ -44,10 +68,17 @@ func (l Limits) Validate() error {
 		{"max block hashes", l.MaxBlockHashes},
 		{"max message bytes", l.MaxMessageBytes},
 		{"max concurrent queries", l.MaxConcurrent},
+		{"max inflight bytes", l.MaxInflightBytes},
 	} {
 		if f.v <= 0 {
 			return fmt.Errorf("%s %d: want > 0", f.name, f.v)
 		}
+	}
+	if l.ReadTimeout <= 0 {
+		return fmt.Errorf("read timeout %v: want > 0", l.ReadTimeout)
+	}
+	if l.MaxInflightBytes/2 < l.MaxMessageBytes {
+		return fmt.Errorf("max inflight bytes %d: want at least twice max message bytes (%d), room to read and decode one largest query", l.MaxInflightBytes, l.MaxMessageBytes)
 	}
 	return nil
 }
@@ -76,6 +107,10 @@ type Options struct {
 	Stats StatsSource
 	// Log may be nil: nothing is logged.
 	Log *slog.Logger
+	// Recovery counts and logs a panic while answering a query, which is
+	// answered Internal (gRPC) or 500 (HTTP). Nil logs to slog.Default and
+	// counts nothing.
+	Recovery *recovery.Guard
 }
 
 // DefaultOptions returns DefaultLimits and nothing else.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,12 +18,15 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/internal/recovery"
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 	"github.com/prefixd/prefixd/rpc/internal/codec"
+	"github.com/prefixd/prefixd/rpc/internal/jsonquery"
 )
 
 // Server answers prefix queries over an Indexer, by gRPC (IndexService,
@@ -37,8 +41,15 @@ type Server struct {
 	stats   StatsSource
 	log     *slog.Logger
 	health  *health.Server
+	guard   *recovery.Guard
 	// sem holds one token per query in flight, gRPC and HTTP together.
 	sem chan struct{}
+	// budget is the bytes queries in flight may hold, gRPC and HTTP
+	// together.
+	budget budget
+	// The limits as the decoders take them.
+	codecLimits codec.Limits
+	jsonLimits  jsonquery.Limits
 }
 
 var _ prefixdv1.IndexServiceServer = (*Server)(nil)
@@ -64,7 +75,12 @@ func New(ix *indexer.Indexer, opts Options) (*Server, error) {
 		stats:   opts.Stats,
 		log:     opts.Log,
 		health:  health.NewServer(),
+		guard:   opts.Recovery,
 		sem:     make(chan struct{}, opts.Limits.MaxConcurrent),
+		budget:  budget{max: int64(opts.Limits.MaxInflightBytes)},
+
+		codecLimits: codec.Limits{MaxTokens: opts.Limits.MaxTokens, MaxBlockHashes: opts.Limits.MaxBlockHashes},
+		jsonLimits:  jsonquery.Limits{MaxTokens: opts.Limits.MaxTokens, MaxBlockHashes: opts.Limits.MaxBlockHashes},
 	}
 	s.health.SetServingStatus(prefixdv1.IndexService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s, nil
@@ -85,7 +101,24 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 		// WINDOW_UPDATE every few 4 KiB queries (and ran BDP pings).
 		grpc.InitialWindowSize(1 << 20),
 		grpc.InitialConnWindowSize(1 << 22),
+		grpc.InTapHandle(s.readDeadline),
 	}
+}
+
+// readDeadline cuts the deadline of an IndexService call to ReadTimeout.
+// It runs when the call's headers arrive, before its message is read: a
+// client that never finishes sending its message then loses the call, and
+// the slot and bytes it holds, after ReadTimeout.
+func (s *Server) readDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if !strings.HasPrefix(info.FullMethodName, "/"+prefixdv1.IndexService_ServiceDesc.ServiceName+"/") {
+		return ctx, nil
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.limits.ReadTimeout {
+		return ctx, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.limits.ReadTimeout)
+	context.AfterFunc(ctx, cancel) // gRPC cancels the call's context when it ends
+	return ctx, nil
 }
 
 // NewGRPCServer returns a grpc.Server with s registered (see Register),
@@ -115,39 +148,90 @@ func (s *Server) SetServing(serving bool) {
 	s.health.SetServingStatus(prefixdv1.IndexService_ServiceDesc.ServiceName, st)
 }
 
-// Match answers a prefix query with every matched pod's blocks, tiers and score.
-func (s *Server) Match(ctx context.Context, req *prefixdv1.MatchRequest) (*prefixdv1.MatchResponse, error) {
+// Match answers a prefix query with every matched pod's blocks, tiers and
+// score. Over gRPC the server's own handlers answer it, admitting the
+// query before its request is read (see HTTPHandler and the package doc);
+// called directly, Match takes a concurrency slot and checks req, already
+// in memory, against the limits.
+func (s *Server) Match(ctx context.Context, req *prefixdv1.MatchRequest) (resp *prefixdv1.MatchResponse, err error) {
 	start := time.Now()
-	qb := getQueryBuf()
-	defer qb.put()
-	qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods())
-	res, err := s.match(ctx, qb)
-	s.done(methodMatch, start, res, err)
-	if err != nil {
+	var res *indexer.Result
+	defer func() { s.done(methodMatch, start, res, err) }()
+	if err := s.acquire(); err != nil {
 		return nil, err
 	}
-	return matchResponse(res), nil
+	defer s.release()
+	resp, res, err = s.match(ctx, req, nil)
+	return resp, err
 }
 
-// Score answers a prefix query with pod -> normalized score.
-func (s *Server) Score(ctx context.Context, req *prefixdv1.ScoreRequest) (*prefixdv1.ScoreResponse, error) {
+// Score answers a prefix query with pod -> normalized score; see Match.
+func (s *Server) Score(ctx context.Context, req *prefixdv1.ScoreRequest) (resp *prefixdv1.ScoreResponse, err error) {
 	start := time.Now()
-	qb := getQueryBuf()
-	defer qb.put()
-	qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods())
-	res, err := s.match(ctx, qb)
-	s.done(methodScore, start, res, err)
-	if err != nil {
+	var res *indexer.Result
+	defer func() { s.done(methodScore, start, res, err) }()
+	if err := s.acquire(); err != nil {
 		return nil, err
 	}
-	return &prefixdv1.ScoreResponse{Scores: Scores(res, req.GetPods())}, nil
+	defer s.release()
+	resp, res, err = s.score(ctx, req, nil)
+	return resp, err
 }
 
 // Pods lists the known pods.
-func (s *Server) Pods(ctx context.Context, _ *prefixdv1.PodsRequest) (*prefixdv1.PodsResponse, error) {
+func (s *Server) Pods(ctx context.Context, _ *prefixdv1.PodsRequest) (resp *prefixdv1.PodsResponse, err error) {
 	start := time.Now()
+	defer func() { s.done(methodPods, start, nil, err) }()
+	if err := s.acquire(); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	return s.podsResponse(ctx)
+}
+
+// Stats reports the index's size, memory and ingest rates.
+func (s *Server) Stats(ctx context.Context, _ *prefixdv1.StatsRequest) (resp *prefixdv1.StatsResponse, err error) {
+	start := time.Now()
+	defer func() { s.done(methodStats, start, nil, err) }()
+	if err := s.acquire(); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	return s.statsResponse(ctx)
+}
+
+// match answers a decoded Match request; grow, when not nil, reserves what
+// answering allocates beyond the request (tokens of text). The caller holds
+// a concurrency slot.
+func (s *Server) match(ctx context.Context, req *prefixdv1.MatchRequest, grow func(int) error) (*prefixdv1.MatchResponse, *indexer.Result, error) {
+	qb := getQueryBuf()
+	defer qb.put()
+	if err := qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods(), grow); err != nil {
+		return nil, nil, err
+	}
+	res, err := s.answer(ctx, qb, grow)
+	if err != nil {
+		return nil, nil, err
+	}
+	return matchResponse(res), res, nil
+}
+
+// score is match for Score.
+func (s *Server) score(ctx context.Context, req *prefixdv1.ScoreRequest, grow func(int) error) (*prefixdv1.ScoreResponse, *indexer.Result, error) {
+	qb := getQueryBuf()
+	defer qb.put()
+	if err := qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods(), grow); err != nil {
+		return nil, nil, err
+	}
+	res, err := s.answer(ctx, qb, grow)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &prefixdv1.ScoreResponse{Scores: Scores(res, req.GetPods())}, res, nil
+}
+
+func (s *Server) podsResponse(ctx context.Context) (*prefixdv1.PodsResponse, error) {
 	pods, err := s.pods(ctx)
-	s.done(methodPods, start, nil, err)
 	if err != nil {
 		return nil, err
 	}
@@ -156,6 +240,7 @@ func (s *Server) Pods(ctx context.Context, _ *prefixdv1.PodsRequest) (*prefixdv1
 		ps := &prefixdv1.PodStatus{
 			Name: p.Name, Model: p.Model, Blocks: uint64(p.Blocks),
 			Seq: p.Seq, HasSeq: p.HasSeq, Stale: p.Stale,
+			Incomplete: p.Incomplete, EvictedBlocks: uint64(p.Evicted),
 		}
 		if !p.LastEvent.IsZero() {
 			ps.LastEventTime = timestamppb.New(p.LastEvent)
@@ -165,11 +250,8 @@ func (s *Server) Pods(ctx context.Context, _ *prefixdv1.PodsRequest) (*prefixdv1
 	return out, nil
 }
 
-// Stats reports the index's size, memory and ingest rates.
-func (s *Server) Stats(ctx context.Context, _ *prefixdv1.StatsRequest) (*prefixdv1.StatsResponse, error) {
-	start := time.Now()
+func (s *Server) statsResponse(ctx context.Context) (*prefixdv1.StatsResponse, error) {
 	pods, err := s.pods(ctx)
-	s.done(methodStats, start, nil, err)
 	if err != nil {
 		return nil, err
 	}
@@ -189,17 +271,78 @@ func (s *Server) Stats(ctx context.Context, _ *prefixdv1.StatsRequest) (*prefixd
 	return out, nil
 }
 
-// match validates a query, takes a concurrency slot and answers it. Errors
-// are gRPC statuses.
-func (s *Server) match(ctx context.Context, qb *queryBuf) (*indexer.Result, error) {
-	if err := s.acquire(); err != nil {
-		return nil, err
+// decode reads a Match or Score request with dec into t, under the query
+// limits: it reserves MaxMessageBytes for the read (the message's size is
+// not known before), what decoding allocates before it is allocated, and
+// then gives back all but what the decoded request holds. On error nothing
+// stays reserved.
+func (s *Server) decode(dec func(any) error, t *codec.Target, rsv *reservation) error {
+	rsv.b = &s.budget
+	if err := rsv.grow(s.limits.MaxMessageBytes); err != nil {
+		return err
 	}
-	defer s.release()
+	t.Limits = s.codecLimits
+	if err := dec(t); err != nil {
+		rsv.release()
+		if status.Code(err) == codes.ResourceExhausted {
+			// gRPC's own check of the message size, which gRPC has
+			// already answered.
+			return &refusal{reason: reasonTooLarge, st: status.Convert(err)}
+		}
+		return err
+	}
+	if t.Err != nil {
+		rsv.release()
+		return decodeError(t.Err)
+	}
+	rsv.shrinkTo(t.Held)
+	return nil
+}
+
+// decodeError turns an error of a Target's decode into a status.
+func decodeError(err error) error {
+	var le *codec.LimitError
+	switch {
+	case errors.As(err, &le):
+		return limitRefusal(le.Field, le.Limit)
+	case errors.As(err, new(*refusal)):
+		return err
+	}
+	return status.Errorf(codes.InvalidArgument, "bad request message: %v", err)
+}
+
+// limitRefusal is the refusal of a query found over a limit while it was
+// read: field is "token_ids", "block_hashes", "messages" or "text".
+func limitRefusal(field string, limit int) *refusal {
+	switch field {
+	case "block_hashes":
+		return refuse(reasonBlockHashes, codes.InvalidArgument, "query has more than %d block hashes: the limit is %d", limit, limit)
+	case "messages":
+		return refuse(reasonTokens, codes.InvalidArgument, "query has more than %d tokens: the limit is %d (more than %d messages, each at least 4 tokens)", limit, limit, limit/4)
+	}
+	return refuse(reasonTokens, codes.InvalidArgument, "query has more than %d tokens: the limit is %d", limit, limit)
+}
+
+// Boundaries of recovered panics, as they appear in prefixd_panics_total.
+const (
+	whereGRPC = "grpc_query"
+	whereHTTP = "http_query"
+)
+
+// recovered counts and logs a panic recovered while answering a query and
+// returns the Internal status to answer it with.
+func (s *Server) recovered(r any, where string) error {
+	_ = s.guard.Error(r, where)
+	return status.Error(codes.Internal, "internal error: the server recovered from a bug answering this query and logged it")
+}
+
+// answer validates a query and answers it; the caller holds a concurrency
+// slot. Errors are gRPC statuses.
+func (s *Server) answer(ctx context.Context, qb *queryBuf, grow func(int) error) (*indexer.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, statusOf(err)
 	}
-	if err := qb.prepare(s.ix, s.limits); err != nil {
+	if err := qb.prepare(s.ix, s.limits, grow); err != nil {
 		return nil, err
 	}
 	res, err := s.ix.Match(ctx, &qb.q)
@@ -209,11 +352,8 @@ func (s *Server) match(ctx context.Context, qb *queryBuf) (*indexer.Result, erro
 	return res, nil
 }
 
+// pods lists the pods; the caller holds a concurrency slot.
 func (s *Server) pods(ctx context.Context) ([]indexer.PodStatus, error) {
-	if err := s.acquire(); err != nil {
-		return nil, err
-	}
-	defer s.release()
 	if err := ctx.Err(); err != nil {
 		return nil, statusOf(err)
 	}
@@ -224,27 +364,17 @@ func (s *Server) pods(ctx context.Context) ([]indexer.PodStatus, error) {
 	return pods, nil
 }
 
-func (s *Server) acquire() error {
-	select {
-	case s.sem <- struct{}{}:
-		return nil
-	default:
-		return status.Errorf(codes.ResourceExhausted, "too many concurrent queries: the limit is %d", s.limits.MaxConcurrent)
-	}
-}
-
-func (s *Server) release() { <-s.sem }
-
 // done records a query's latency and result; res is nil for methods that
 // match nothing.
 func (s *Server) done(method string, start time.Time, res *indexer.Result, err error) {
 	result := resultHit
 	switch {
-	case status.Code(err) == codes.ResourceExhausted:
-		result = resultRejected
 	case err != nil:
 		result = resultError
-		if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		if r := asRefusal(err); r != nil {
+			result = resultRejected
+			s.metrics.refusals[r.reason].Inc()
+		} else if s.log.Enabled(context.Background(), slog.LevelDebug) {
 			s.log.Debug("query failed", "method", method, "err", err)
 		}
 	case res == nil:
@@ -253,6 +383,18 @@ func (s *Server) done(method string, start time.Time, res *indexer.Result, err e
 		result = resultMiss
 	}
 	s.metrics.observe(method, result, time.Since(start).Seconds())
+}
+
+// asRefusal returns the refusal err is or wraps, or nil.
+func asRefusal(err error) *refusal {
+	if r, ok := err.(*refusal); ok {
+		return r
+	}
+	var r *refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
 }
 
 // statusOf turns an error of the indexer or of a context into a gRPC status.
@@ -318,6 +460,7 @@ func matchResponse(res *indexer.Result) *prefixdv1.MatchResponse {
 		pm.DiskBlocks = uint32(p.TierBlocks[2])
 		pm.Score = p.Score
 		pm.Stale = p.Stale
+		pm.Incomplete = p.Incomplete
 		out.Pods[i] = pm
 	}
 	return out
@@ -351,7 +494,6 @@ type queryBuf struct {
 	q        indexer.Query
 	tokens   []uint32
 	messages []tokenize.Message
-	tok      tokenize.Tokenizer
 }
 
 var queryBufs = sync.Pool{New: func() any { return new(queryBuf) }}
@@ -361,23 +503,54 @@ func getQueryBuf() *queryBuf { return queryBufs.Get().(*queryBuf) }
 // put returns qb to the pool, dropping references to request memory and
 // buffers grown past what a typical query needs.
 func (qb *queryBuf) put() {
-	const keepTokens = 64 << 10
+	const (
+		keepTokens   = 64 << 10
+		keepMessages = 1 << 10
+	)
 	qb.q = indexer.Query{}
 	if cap(qb.tokens) > keepTokens {
 		qb.tokens = nil
+	}
+	if cap(qb.messages) > keepMessages {
+		qb.messages = nil
 	}
 	clear(qb.messages[:cap(qb.messages)])
 	qb.messages = qb.messages[:0]
 	queryBufs.Put(qb)
 }
 
-func (qb *queryBuf) fromProto(model, lora, salt string, tokens []uint32, hashes []uint64, prompt string, msgs []*prefixdv1.ChatMessage, pods []string) {
+// Sizes of a converted chat message and content part, for reservations.
+const (
+	sizeMessage = 56 // tokenize.Message
+	sizePart    = 32 // tokenize.Part
+)
+
+// fromProto sets the query from a request's fields, converting its chat
+// messages; grow, when not nil, reserves the conversion first.
+func (qb *queryBuf) fromProto(model, lora, salt string, tokens []uint32, hashes []uint64, prompt string, msgs []*prefixdv1.ChatMessage, pods []string, grow func(int) error) error {
 	qb.q = indexer.Query{
 		Model: model, LoRA: lora, CacheSalt: salt,
 		TokenIDs: tokens, BlockHashes: hashes, Prompt: prompt, Pods: pods,
 	}
 	if len(msgs) == 0 {
-		return
+		return nil
+	}
+	if grow != nil {
+		n := 0
+		if cap(qb.messages) < len(msgs) {
+			n = sizeMessage * len(msgs)
+		}
+		for _, m := range msgs {
+			if m.GetContent() == "" {
+				n += sizePart * len(m.GetParts())
+			}
+		}
+		if err := grow(n); err != nil {
+			return err
+		}
+	}
+	if cap(qb.messages) < len(msgs) {
+		qb.messages = make([]tokenize.Message, 0, len(msgs))
 	}
 	ms := qb.messages[:0]
 	for _, m := range msgs {
@@ -392,53 +565,102 @@ func (qb *queryBuf) fromProto(model, lora, salt string, tokens []uint32, hashes 
 	}
 	qb.messages = ms
 	qb.q.Messages = ms
+	return nil
 }
 
+// roomForTokens makes room in qb.tokens for the tokens of text of n bytes:
+// at most one a byte, and at most limit. What the pooled buffer lacks is
+// reserved with grow first, when grow is not nil.
+func (qb *queryBuf) roomForTokens(n, limit int, grow func(int) error) error {
+	need := min(n, limit)
+	if cap(qb.tokens) >= need {
+		return nil
+	}
+	if grow != nil {
+		if err := grow(4 * need); err != nil {
+			return err
+		}
+	}
+	qb.tokens = make([]uint32, 0, need)
+	return nil
+}
+
+// renderedLen returns the length of msgs flattened as tokenize renders
+// them.
+func renderedLen(msgs []tokenize.Message) int {
+	n := 0
+	for i := range msgs {
+		m := &msgs[i]
+		n += len("### ") + len(m.Role) + len(": ") + len(m.Content.Text) + len("\n")
+		if m.Content.Text == "" {
+			for _, p := range m.Content.Parts {
+				n += len(p.Text) + 1
+			}
+		}
+	}
+	return n
+}
+
+// inputNames are a query's inputs, as prepare checks them.
+var inputNames = [...]string{"token_ids", "block_hashes", "prompt", "messages"}
+
 // prepare checks the query against the limits and tokenizes its text, so
-// the indexer gets token ids or block hashes. Errors are gRPC statuses.
-func (qb *queryBuf) prepare(ix *indexer.Indexer, l Limits) error {
+// the indexer gets token ids or block hashes; text is tokenized with the
+// token limit applied as it goes. grow, when not nil, reserves the tokens'
+// memory first. Errors are gRPC statuses.
+func (qb *queryBuf) prepare(ix *indexer.Indexer, l Limits, grow func(int) error) error {
 	q := &qb.q
 	if q.Model == "" {
 		return status.Error(codes.InvalidArgument, "model is required: the served model name or a LoRA adapter's name")
 	}
-	var given []string
-	if len(q.TokenIDs) > 0 {
-		given = append(given, "token_ids")
-	}
-	if len(q.BlockHashes) > 0 {
-		given = append(given, "block_hashes")
-	}
-	if q.Prompt != "" {
-		given = append(given, "prompt")
-	}
-	if len(q.Messages) > 0 {
-		given = append(given, "messages")
+	inputs := [...]bool{len(q.TokenIDs) > 0, len(q.BlockHashes) > 0, q.Prompt != "", len(q.Messages) > 0}
+	var given []string // built only to say what came: it escapes into the error
+	first := ""
+	for i, ok := range inputs {
+		if ok && first == "" {
+			first = inputNames[i]
+		} else if ok {
+			given = append(given, inputNames[i])
+		}
 	}
 	switch {
-	case len(given) == 0:
+	case first == "":
 		return status.Error(codes.InvalidArgument, "empty query: give token_ids, block_hashes, prompt or messages")
-	case len(given) > 1:
-		return status.Errorf(codes.InvalidArgument, "query gives %v: give exactly one of token_ids, block_hashes, prompt, messages", given)
+	case len(given) > 0:
+		return status.Errorf(codes.InvalidArgument, "query gives %v: give exactly one of token_ids, block_hashes, prompt, messages", append([]string{first}, given...))
 	}
 	if n := len(q.BlockHashes); n > l.MaxBlockHashes {
-		return status.Errorf(codes.InvalidArgument, "query has %d block hashes: the limit is %d", n, l.MaxBlockHashes)
+		return refuse(reasonBlockHashes, codes.InvalidArgument, "query has %d block hashes: the limit is %d", n, l.MaxBlockHashes)
 	}
 	if n := len(q.BlockHashes); n > 0 && ix.KeyMode(q.Model) == indexer.KeyModeTokens {
 		return status.Errorf(codes.InvalidArgument, "model %q is keyed by prefixd's own token chains (key mode tokens): query by token ids or text, not engine block hashes", q.Model)
 	}
+	var over bool
 	switch {
 	case q.Prompt != "":
-		qb.tokens = tokenize.AppendIDs(qb.tokens[:0], q.Prompt)
+		if err := qb.roomForTokens(len(q.Prompt), l.MaxTokens, grow); err != nil {
+			return err
+		}
+		qb.tokens, over = tokenize.AppendIDsMax(qb.tokens[:0], q.Prompt, l.MaxTokens)
 		q.TokenIDs, q.Prompt = qb.tokens, ""
 	case len(q.Messages) > 0:
-		qb.tokens = qb.tok.AppendChat(qb.tokens[:0], q.Messages)
+		if len(q.Messages) > l.MaxTokens/4 {
+			return limitRefusal("messages", l.MaxTokens)
+		}
+		if err := qb.roomForTokens(renderedLen(q.Messages), l.MaxTokens, grow); err != nil {
+			return err
+		}
+		qb.tokens, over = tokenize.AppendChatMax(qb.tokens[:0], q.Messages, l.MaxTokens)
 		q.TokenIDs, q.Messages = qb.tokens, nil
 	}
+	if over {
+		return limitRefusal("text", l.MaxTokens)
+	}
 	if n := len(q.TokenIDs); n > l.MaxTokens {
-		return status.Errorf(codes.InvalidArgument, "query has %d tokens: the limit is %d", n, l.MaxTokens)
+		return refuse(reasonTokens, codes.InvalidArgument, "query has %d tokens: the limit is %d", n, l.MaxTokens)
 	}
 	if len(q.TokenIDs) == 0 && len(q.BlockHashes) == 0 {
-		return status.Errorf(codes.InvalidArgument, "empty prompt: the %s holds no tokens", given[0])
+		return status.Errorf(codes.InvalidArgument, "empty prompt: the %s holds no tokens", first)
 	}
 	return nil
 }

@@ -241,7 +241,7 @@ func TestDeadlineHonoured(t *testing.T) {
 
 func TestErrors(t *testing.T) {
 	f := newFleet(t)
-	s := newServer(t, f, Options{Limits: Limits{MaxTokens: 32, MaxBlockHashes: 4, MaxMessageBytes: 1024, MaxConcurrent: 2}})
+	s := newServer(t, f, Options{Limits: Limits{MaxTokens: 32, MaxBlockHashes: 4, MaxMessageBytes: 1024, MaxConcurrent: 2, MaxInflightBytes: 1 << 20, ReadTimeout: time.Minute}})
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s))
 	for _, tc := range []struct {
 		name string
@@ -254,9 +254,9 @@ func TestErrors(t *testing.T) {
 		{"empty", &prefixdv1.MatchRequest{Model: testModel}, codes.InvalidArgument, "empty query"},
 		{"empty prompt", &prefixdv1.MatchRequest{Model: testModel, Prompt: "  \n "}, codes.InvalidArgument, "empty prompt"},
 		{"two inputs", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:16], Prompt: "hi"}, codes.InvalidArgument, "give exactly one"},
-		{"max tokens", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:33]}, codes.InvalidArgument, "33 tokens: the limit is 32"},
+		{"max tokens", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:33]}, codes.InvalidArgument, "more than 32 tokens: the limit is 32"},
 		{"max tokens of text", &prefixdv1.MatchRequest{Model: testModel, Messages: protoMessages(f.messages)}, codes.InvalidArgument, "the limit is 32"},
-		{"max block hashes", &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[:5]}, codes.InvalidArgument, "5 block hashes: the limit is 4"},
+		{"max block hashes", &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[:5]}, codes.InvalidArgument, "more than 4 block hashes: the limit is 4"},
 		{"message size", &prefixdv1.MatchRequest{Model: testModel, Prompt: strings.Repeat("x ", 600)}, codes.ResourceExhausted, "1024"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -296,8 +296,17 @@ func TestLimitsValidate(t *testing.T) {
 	if err := fs.Parse([]string{"--query-max-concurrent", "3"}); err != nil {
 		t.Fatal(err)
 	}
-	if want := (Limits{DefaultLimits().MaxTokens, DefaultLimits().MaxBlockHashes, DefaultLimits().MaxMessageBytes, 3}); fl != want {
+	if err := fs.Parse([]string{"--query-max-inflight-bytes", "9000000"}); err != nil {
+		t.Fatal(err)
+	}
+	d := DefaultLimits()
+	if want := (Limits{d.MaxTokens, d.MaxBlockHashes, d.MaxMessageBytes, 3, 9000000, d.ReadTimeout}); fl != want {
 		t.Errorf("flags gave %+v, want %+v", fl, want)
+	}
+	l = DefaultLimits()
+	l.MaxInflightBytes = 2*l.MaxMessageBytes - 1
+	if err := l.Validate(); err == nil || !strings.Contains(err.Error(), "want at least twice max message bytes") {
+		t.Errorf("Validate with room for no largest query: %v", err)
 	}
 	if _, err := New(nil, DefaultOptions()); err == nil {
 		t.Error("New(nil indexer) succeeded")

@@ -136,3 +136,110 @@ func ParseChat(data []byte) (ChatRequest, error) {
 	}
 	return req, nil
 }
+
+// AppendChatMax appends the ids of the first limit tokens of the flattened
+// msgs to dst and returns it, with over set when the chat holds more than
+// limit tokens. Unlike AppendChat it flattens nothing into a buffer: the
+// messages' pieces are scanned in place, a token running on from one piece
+// into the next, so a chat of any size costs at most limit ids.
+func AppendChatMax(dst []uint32, msgs []Message, limit int) (ids []uint32, over bool) {
+	sc := scanner{dst: dst, limit: limit}
+	for i := range msgs {
+		m := &msgs[i]
+		sc.write("### ")
+		sc.write(m.Role)
+		sc.write(": ")
+		if m.Content.Text != "" {
+			sc.write(m.Content.Text)
+		} else {
+			for j := range m.Content.Parts {
+				if p := &m.Content.Parts[j]; p.Type == "text" {
+					sc.write(p.Text)
+					sc.write(" ")
+				}
+			}
+		}
+		if !sc.write("\n") {
+			return sc.dst, true
+		}
+	}
+	return sc.end(), false
+}
+
+// Scanner states: between tokens, in a token's run of word bytes, or in
+// what may follow a token's head (a punctuation byte or a word run): its
+// trailing whitespace.
+const (
+	scanIdle = iota
+	scanWord
+	scanTrail
+)
+
+// scanner splits text written to it in pieces as next splits the pieces
+// concatenated, hashing each token as its bytes come. It stops, with over
+// set, where token limit+1 starts.
+type scanner struct {
+	dst   []uint32
+	limit int
+	n     int // tokens started
+	state uint8
+	h     uint32 // FNV-1a of the current token so far
+	over  bool
+}
+
+// write scans s and reports whether the scanner is still under its limit.
+func (sc *scanner) write(s string) bool {
+	if sc.over {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		c := classes[b]
+		switch sc.state {
+		case scanWord:
+			if c&classWord != 0 {
+				sc.h = (sc.h ^ uint32(b)) * 16777619
+				continue
+			}
+			if c&classSpace != 0 {
+				sc.h = (sc.h ^ uint32(b)) * 16777619
+				sc.state = scanTrail
+				continue
+			}
+			sc.dst = append(sc.dst, sc.h)
+			sc.state = scanIdle
+		case scanTrail:
+			if c&classSpace != 0 {
+				sc.h = (sc.h ^ uint32(b)) * 16777619
+				continue
+			}
+			sc.dst = append(sc.dst, sc.h)
+			sc.state = scanIdle
+		}
+		// Between tokens: b starts one, or is skipped. A punctuation byte
+		// is a token's whole head ('_' too, as in next).
+		if c&(classPunct|classWord) == 0 {
+			continue
+		}
+		if sc.n >= sc.limit {
+			sc.over = true
+			return false
+		}
+		sc.n++
+		sc.h = (2166136261 ^ uint32(b)) * 16777619
+		sc.state = scanWord
+		if c&classPunct != 0 {
+			sc.state = scanTrail
+		}
+	}
+	return true
+}
+
+// end ends the text: the token being read, if any, is complete.
+func (sc *scanner) end() []uint32 {
+	if sc.state != scanIdle && !sc.over {
+		sc.dst = append(sc.dst, sc.h)
+		sc.state = scanIdle
+	}
+	return sc.dst
+}

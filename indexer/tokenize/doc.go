@@ -11,8 +11,11 @@
 // FNV-1a 32-bit of its bytes, whitespace included.
 //
 // AppendIDs and Tokenizer.AppendChat append ids to a caller's slice and, with
-// room in it, allocate nothing. ParseChat reads an OpenAI chat request body or
-// a bare messages array.
+// room in it, allocate nothing. AppendIDsMax and AppendChatMax stop where the
+// token after a limit starts and say so, for servers that refuse text over a
+// token limit: their cost is bounded by the limit, not by the text, and
+// AppendChatMax renders the messages without flattening them into a buffer.
+// ParseChat reads an OpenAI chat request body or a bare messages array.
 //
 // Sources: llm-d-inference-sim pkg/tokenizer/tokenizer.go (the regular
 // expression, FindAllString, fnv32, RenderMessages), pkg/openai-server-api

@@ -100,3 +100,21 @@ func Count(s string) int {
 		i = end
 	}
 }
+
+// AppendIDsMax appends the ids of s's first limit tokens to dst and returns
+// it, with over set when s holds more than limit tokens. It stops where the
+// token after the limit starts, so text of any length costs at most limit
+// ids and one scan up to that token.
+func AppendIDsMax(dst []uint32, s string, limit int) (ids []uint32, over bool) {
+	for i, n := 0, 0; ; n++ {
+		start, end, ok := next(s, i)
+		if !ok {
+			return dst, false
+		}
+		if n >= limit {
+			return dst, true
+		}
+		dst = append(dst, id(s[start:end]))
+		i = end
+	}
+}

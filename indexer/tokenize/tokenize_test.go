@@ -267,6 +267,21 @@ func BenchmarkTokenize(b *testing.B) {
 			dst = tk.AppendChat(dst[:0], msgs)
 		}
 	})
+	// The bounded forms with a limit above the count: the whole text.
+	b.Run("text-max", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(s)))
+		for b.Loop() {
+			dst, _ = AppendIDsMax(dst[:0], s, len(s))
+		}
+	})
+	b.Run("chat-max", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(s)))
+		for b.Loop() {
+			dst, _ = AppendChatMax(dst[:0], msgs, len(s))
+		}
+	})
 	b.Run("regexp", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(s)))
@@ -276,5 +291,89 @@ func BenchmarkTokenize(b *testing.B) {
 				dst = append(dst, ID(m))
 			}
 		}
+	})
+}
+
+// checkMax checks AppendIDsMax and AppendChatMax against the unbounded
+// functions at every limit around the token count.
+func checkMax(t *testing.T, s string, msgs []Message) {
+	t.Helper()
+	full := AppendIDs(nil, s)
+	var tk Tokenizer
+	chat := tk.AppendChat(nil, msgs)
+	for _, limit := range []int{0, 1, len(full) / 2, len(full) - 1, len(full), len(full) + 1, len(chat) / 2, len(chat) - 1, len(chat), 1 << 30} {
+		if limit < 0 {
+			continue
+		}
+		got, over := AppendIDsMax(nil, s, limit)
+		if want := full[:min(limit, len(full))]; !slices.Equal(got, want) || over != (len(full) > limit) {
+			t.Fatalf("AppendIDsMax(%q, %d) = %v, %v; want %v, %v", s, limit, got, over, want, len(full) > limit)
+		}
+		got, over = AppendChatMax(nil, msgs, limit)
+		if want := chat[:min(limit, len(chat))]; !slices.Equal(got, want) || over != (len(chat) > limit) {
+			t.Fatalf("AppendChatMax(%q, %d) = %v, %v; want %v, %v", msgs, limit, got, over, want, len(chat) > limit)
+		}
+	}
+}
+
+func TestAppendMax(t *testing.T) {
+	for _, s := range []string{"", "  ", "a", "Hello, world!", "_x_ y", "a\tb\n", "é!é"} {
+		checkMax(t, s, []Message{{Role: "user", Content: TextContent(s)}})
+	}
+	// Tokens that run on from one piece of the rendering into the next:
+	// trailing whitespace of content and roles, parts, empty pieces.
+	for _, msgs := range [][]Message{
+		nil,
+		{{}},
+		{{Role: "a b ", Content: TextContent("x  ")}, {Role: "", Content: TextContent("")}},
+		{{Role: "user", Content: Content{Parts: []Part{{Type: "text", Text: "hi"}, {Type: "image_url"}, {Type: "text"}, {Type: "text", Text: "_"}}}}},
+		{{Role: "u", Content: Content{Parts: []Part{{Type: "text", Text: "a"}}}}, {Role: "v", Content: TextContent("b\n\n")}},
+		testChatMessages(),
+	} {
+		checkMax(t, string(AppendFlat(nil, msgs)), msgs)
+	}
+	// With room in dst, nothing is allocated.
+	msgs := testChatMessages()
+	dst := make([]uint32, 0, 1024)
+	if n := testing.AllocsPerRun(100, func() { dst, _ = AppendChatMax(dst[:0], msgs, 10) }); n != 0 {
+		t.Errorf("AppendChatMax allocates %v times per call", n)
+	}
+}
+
+func testChatMessages() []Message {
+	return []Message{
+		{Role: "system", Content: TextContent("You are brief. ")},
+		{Role: "user", Content: TextContent("How long is the Rhine, and where does it flow?")},
+	}
+}
+
+func TestAppendChatMaxOnRecordings(t *testing.T) {
+	var tk Tokenizer
+	for _, r := range loadRequests(t) {
+		want := tk.AppendChat(nil, r.msgs)
+		if got, over := AppendChatMax(nil, r.msgs, len(want)); over || !slices.Equal(got, want) {
+			t.Fatalf("%s:%d: AppendChatMax differs from AppendChat", r.file, r.line)
+		}
+		if got, over := AppendChatMax(nil, r.msgs, len(want)-1); !over || !slices.Equal(got, want[:len(want)-1]) {
+			t.Fatalf("%s:%d: AppendChatMax one under the count: over %v", r.file, r.line, over)
+		}
+	}
+}
+
+// FuzzAppendMax renders s as a chat cut in two messages (and as parts) and
+// checks the bounded functions against the unbounded ones.
+func FuzzAppendMax(f *testing.F) {
+	for _, s := range []string{"", "_a_ b", "x\v\ty", "### user: hi\n", "a\xffb", "a  b\n\nc"} {
+		f.Add(s, uint8(1))
+	}
+	for _, s := range recordedSeeds() {
+		f.Add(s, uint8(7))
+	}
+	f.Fuzz(func(t *testing.T, s string, cut uint8) {
+		k := int(cut) % (len(s) + 1)
+		checkMax(t, s, []Message{
+			{Role: s[:k], Content: TextContent(s[k:])},
+			{Role: s[k:], Content: Content{Parts: []Part{{Type: "text", Text: s[:k]}, {Type: "text", Text: s[k:]}}}},
+		})
 	})
 }

@@ -124,6 +124,9 @@ type PodMatch struct {
 	Score float64
 	// Stale is true when the pod's events are known to be incomplete.
 	Stale bool
+	// Incomplete is true when the index forgot blocks the pod still holds,
+	// to make room: it may hold a longer prefix than Blocks.
+	Incomplete bool
 }
 
 // PodStatus describes one pod the server knows.
@@ -137,6 +140,11 @@ type PodStatus struct {
 	// LastEvent is zero when no batch was applied.
 	LastEvent time.Time
 	Stale     bool
+	// EvictedBlocks counts the pod's blocks the index forgot to make room
+	// since the pod was last cleared; Incomplete is set while it is above
+	// 0, and the pod's matches may then be shorter than what it holds.
+	EvictedBlocks uint64
+	Incomplete    bool
 }
 
 // Stats are the server's index statistics.
@@ -170,7 +178,7 @@ func (c *Client) Match(ctx context.Context, q *Query) (*Result, error) {
 		res.Pods[i] = PodMatch{
 			Pod: p.GetPod(), Blocks: int(p.GetBlocks()), Tokens: int(p.GetTokens()),
 			GPUBlocks: int(p.GetGpuBlocks()), CPUBlocks: int(p.GetCpuBlocks()), DiskBlocks: int(p.GetDiskBlocks()),
-			Score: p.GetScore(), Stale: p.GetStale(),
+			Score: p.GetScore(), Stale: p.GetStale(), Incomplete: p.GetIncomplete(),
 		}
 	}
 	return res, nil
@@ -205,6 +213,7 @@ func (c *Client) Pods(ctx context.Context) ([]PodStatus, error) {
 		out[i] = PodStatus{
 			Name: p.GetName(), Model: p.GetModel(), Blocks: int(p.GetBlocks()),
 			Seq: p.GetSeq(), HasSeq: p.GetHasSeq(), Stale: p.GetStale(),
+			EvictedBlocks: p.GetEvictedBlocks(), Incomplete: p.GetIncomplete(),
 		}
 		if p.GetLastEventTime() != nil {
 			out[i].LastEvent = p.GetLastEventTime().AsTime()

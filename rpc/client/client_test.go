@@ -2,13 +2,18 @@ package client_test
 
 import (
 	"context"
+	"net"
 	"testing"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/rpc"
 	"github.com/prefixd/prefixd/rpc/client"
+	"github.com/prefixd/prefixd/store/memory"
 )
 
 func TestMain(m *testing.M) {
@@ -48,5 +53,58 @@ func TestClientPodsStatsErrors(t *testing.T) {
 	}
 	if _, err := c.Match(ctx, nil); err == nil {
 		t.Error("nil query answered")
+	}
+}
+
+// A pod whose blocks the server's index forgot to make room comes back
+// incomplete, in its matches and its status.
+func TestClientIncomplete(t *testing.T) {
+	st, err := memory.New(memory.Options{CapacityBlocks: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := indexer.DefaultOptions()
+	opts.Models = map[string]indexer.ModelOptions{"m": {HashScheme: "llmd", BlockSize: 16, KeyMode: indexer.KeyModeEngine}}
+	ix, err := indexer.New(st, opts, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]uint64, 400)
+	for i := range keys {
+		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	b := &events.Batch{Topic: []byte("kv@10.0.0.1:8000@m"), Seq: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: keys}}}
+	if err := ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := rpc.New(ix, rpc.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := srv.NewGRPCServer()
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(lis) }()
+	defer func() {
+		g.Stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	c, err := client.Dial(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pods, err := c.Pods(context.Background())
+	if err != nil || len(pods) != 1 || !pods[0].Incomplete || pods[0].EvictedBlocks == 0 {
+		t.Fatalf("pods %+v, %v: want one incomplete", pods, err)
+	}
+	res, err := c.Match(context.Background(), &client.Query{Model: "m", BlockHashes: keys[len(keys)-16:]})
+	if err != nil || len(res.Pods) != 1 || !res.Pods[0].Incomplete {
+		t.Fatalf("match %+v, %v: want the pod incomplete", res, err)
 	}
 }

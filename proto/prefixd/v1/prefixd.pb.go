@@ -361,7 +361,10 @@ type PodMatch struct {
 	// score is the tier-weighted share of the query's blocks, 0..1.
 	Score float64 `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`
 	// stale is true when the pod's events are known to be incomplete.
-	Stale         bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	Stale bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	// incomplete is true when the index forgot blocks the pod still holds,
+	// to make room: it may hold a longer prefix than blocks.
+	Incomplete    bool `protobuf:"varint,9,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,6 +451,13 @@ func (x *PodMatch) GetScore() float64 {
 func (x *PodMatch) GetStale() bool {
 	if x != nil {
 		return x.Stale
+	}
+	return false
+}
+
+func (x *PodMatch) GetIncomplete() bool {
+	if x != nil {
+		return x.Incomplete
 	}
 	return false
 }
@@ -711,7 +721,14 @@ type PodStatus struct {
 	// none was.
 	LastEventTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_event_time,json=lastEventTime,proto3" json:"last_event_time,omitempty"`
 	// stale is true when the pod's events are known to be incomplete.
-	Stale         bool `protobuf:"varint,7,opt,name=stale,proto3" json:"stale,omitempty"`
+	Stale bool `protobuf:"varint,7,opt,name=stale,proto3" json:"stale,omitempty"`
+	// incomplete is true while evicted_blocks is above 0: the index forgot
+	// blocks the pod still holds, so its matches may be shorter than what it
+	// holds.
+	Incomplete bool `protobuf:"varint,8,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	// evicted_blocks counts the pod's blocks the index forgot to make room
+	// since the pod was last cleared.
+	EvictedBlocks uint64 `protobuf:"varint,9,opt,name=evicted_blocks,json=evictedBlocks,proto3" json:"evicted_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -793,6 +810,20 @@ func (x *PodStatus) GetStale() bool {
 		return x.Stale
 	}
 	return false
+}
+
+func (x *PodStatus) GetIncomplete() bool {
+	if x != nil {
+		return x.Incomplete
+	}
+	return false
+}
+
+func (x *PodStatus) GetEvictedBlocks() uint64 {
+	if x != nil {
+		return x.EvictedBlocks
+	}
+	return 0
 }
 
 // StatsRequest asks for the index's statistics.
@@ -953,7 +984,7 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"block_size\x18\x02 \x01(\rR\tblockSize\x12\x16\n" +
 	"\x06tokens\x18\x03 \x01(\rR\x06tokens\x12!\n" +
 	"\ftotal_blocks\x18\x04 \x01(\rR\vtotalBlocks\x12(\n" +
-	"\x04pods\x18\x05 \x03(\v2\x14.prefixd.v1.PodMatchR\x04pods\"\xd7\x01\n" +
+	"\x04pods\x18\x05 \x03(\v2\x14.prefixd.v1.PodMatchR\x04pods\"\xf7\x01\n" +
 	"\bPodMatch\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x16\n" +
@@ -965,7 +996,10 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\vdisk_blocks\x18\x06 \x01(\rR\n" +
 	"diskBlocks\x12\x14\n" +
 	"\x05score\x18\a \x01(\x01R\x05score\x12\x14\n" +
-	"\x05stale\x18\b \x01(\bR\x05stale\"\xf8\x01\n" +
+	"\x05stale\x18\b \x01(\bR\x05stale\x12\x1e\n" +
+	"\n" +
+	"incomplete\x18\t \x01(\bR\n" +
+	"incomplete\"\xf8\x01\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04lora\x18\x02 \x01(\tR\x04lora\x12\x1d\n" +
@@ -983,7 +1017,7 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\r\n" +
 	"\vPodsRequest\"9\n" +
 	"\fPodsResponse\x12)\n" +
-	"\x04pods\x18\x01 \x03(\v2\x15.prefixd.v1.PodStatusR\x04pods\"\xd2\x01\n" +
+	"\x04pods\x18\x01 \x03(\v2\x15.prefixd.v1.PodStatusR\x04pods\"\x99\x02\n" +
 	"\tPodStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x16\n" +
@@ -991,7 +1025,11 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x17\n" +
 	"\ahas_seq\x18\x05 \x01(\bR\x06hasSeq\x12B\n" +
 	"\x0flast_event_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastEventTime\x12\x14\n" +
-	"\x05stale\x18\a \x01(\bR\x05stale\"\x0e\n" +
+	"\x05stale\x18\a \x01(\bR\x05stale\x12\x1e\n" +
+	"\n" +
+	"incomplete\x18\b \x01(\bR\n" +
+	"incomplete\x12%\n" +
+	"\x0eevicted_blocks\x18\t \x01(\x04R\revictedBlocks\"\x0e\n" +
 	"\fStatsRequest\"\xed\x01\n" +
 	"\rStatsResponse\x12\x12\n" +
 	"\x04pods\x18\x01 \x01(\x04R\x04pods\x12!\n" +

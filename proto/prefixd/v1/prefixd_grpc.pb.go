@@ -35,10 +35,13 @@ const (
 // IndexService answers prefix queries over prefixd's live index.
 //
 // Errors: INVALID_ARGUMENT for a query without input, with more than one
-// kind of input, or over a limit (tokens, block hashes, message size);
-// NOT_FOUND for a model prefixd does not know, naming the models it knows;
-// RESOURCE_EXHAUSTED when the server already runs its maximum of concurrent
-// queries; DEADLINE_EXCEEDED when the call's deadline passed.
+// kind of input, or over a limit (tokens, block hashes); NOT_FOUND for a
+// model prefixd does not know, naming the models it knows;
+// RESOURCE_EXHAUSTED for a message over the size limit, or when the server
+// already runs its maximum of concurrent queries or holds its maximum of
+// query bytes in flight (the message names the limit); DEADLINE_EXCEEDED
+// when the call's deadline passed; INTERNAL for a bug (a recovered panic,
+// logged by the server).
 type IndexServiceClient interface {
 	// Match reports, per pod, the longest run of leading query blocks the pod
 	// holds, per tier, with a tier-weighted score.
@@ -108,10 +111,13 @@ func (c *indexServiceClient) Stats(ctx context.Context, in *StatsRequest, opts .
 // IndexService answers prefix queries over prefixd's live index.
 //
 // Errors: INVALID_ARGUMENT for a query without input, with more than one
-// kind of input, or over a limit (tokens, block hashes, message size);
-// NOT_FOUND for a model prefixd does not know, naming the models it knows;
-// RESOURCE_EXHAUSTED when the server already runs its maximum of concurrent
-// queries; DEADLINE_EXCEEDED when the call's deadline passed.
+// kind of input, or over a limit (tokens, block hashes); NOT_FOUND for a
+// model prefixd does not know, naming the models it knows;
+// RESOURCE_EXHAUSTED for a message over the size limit, or when the server
+// already runs its maximum of concurrent queries or holds its maximum of
+// query bytes in flight (the message names the limit); DEADLINE_EXCEEDED
+// when the call's deadline passed; INTERNAL for a bug (a recovered panic,
+// logged by the server).
 type IndexServiceServer interface {
 	// Match reports, per pod, the longest run of leading query blocks the pod
 	// holds, per tier, with a tier-weighted score.

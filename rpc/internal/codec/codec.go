@@ -14,6 +14,15 @@
 // server that decodes into pooled messages allocates for a block hash
 // query only its strings. Every other message goes through proto.Unmarshal.
 //
+// A server decodes a query under its limits by passing gRPC's dec func a
+// *Target rather than the request: the token ids, block hashes and chat
+// messages over a limit are not decoded, and every slice, string and
+// message the decoding allocates is first asked of Target.Reserve, so that
+// a query cannot cost the server more memory than its budget grants.
+// Failures of a Target's decode are kept in Target.Err, not returned: gRPC
+// would answer them to the client itself, as Internal, before the server's
+// handler could say which limit the query is over.
+//
 // # Caveats
 //
 // gRPC's default pool has tiers of 256 B, 4 KiB, 16 KiB, 32 KiB and 1 MiB
@@ -79,6 +88,12 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 // messages with proto.Unmarshal.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	var b []byte
+	if t, ok := v.(*Target); ok && len(data) > 1 {
+		// The copy of a message that came in pieces is the decode's too.
+		if t.Err = t.reserve(data.Len()); t.Err != nil {
+			return nil
+		}
+	}
 	if len(data) == 1 {
 		b = data[0].ReadOnlyData()
 	} else {
@@ -87,6 +102,9 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		b = buf.ReadOnlyData()
 	}
 	switch m := v.(type) {
+	case *Target:
+		m.decode(b)
+		return nil
 	case *prefixdv1.MatchRequest:
 		return DecodeQuery(b, QueryOf(m))
 	case *prefixdv1.ScoreRequest:

@@ -4,11 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 )
@@ -47,17 +49,133 @@ const (
 
 var errTruncated = errors.New("codec: query truncated or malformed")
 
+// Limits bound what a Target's decode keeps of a query; 0 is no limit.
+type Limits struct {
+	// MaxTokens bounds token_ids, and messages to MaxTokens/4: every
+	// message renders to at least 4 tokens ("#", "#", "# " and the ": "
+	// after its role), so a chat of more is over the limit.
+	MaxTokens int
+	// MaxBlockHashes bounds block_hashes.
+	MaxBlockHashes int
+}
+
+// LimitError reports a query over a limit, found while decoding it.
+type LimitError struct {
+	// Field is "token_ids", "block_hashes" or "messages".
+	Field string
+	// Limit is MaxBlockHashes for block_hashes, MaxTokens for the others.
+	Limit int
+}
+
+func (e *LimitError) Error() string {
+	switch e.Field {
+	case "block_hashes":
+		return fmt.Sprintf("more than %d block hashes", e.Limit)
+	case "messages":
+		return fmt.Sprintf("more than %d tokens: more than %d messages, each at least 4 tokens", e.Limit, e.Limit/4)
+	}
+	return fmt.Sprintf("more than %d tokens", e.Limit)
+}
+
+// Target is a MatchRequest or ScoreRequest to decode under Limits, with
+// the memory it will hold asked of Reserve first (see the package doc).
+// Pass a *Target to gRPC's dec func; Codec.Unmarshal decodes into Query.
+type Target struct {
+	// Msg is the request Query points into.
+	Msg   proto.Message
+	Query Query
+	// Limits are applied as the query is read: what is over a limit is not
+	// decoded, and Err is a *LimitError.
+	Limits Limits
+	// Reserve, when not nil, is asked for the bytes of each slice, string
+	// and chat message before it is allocated, and for the copy of a
+	// message that arrived in pieces; an error from it ends the decode and
+	// is kept in Err as it is.
+	Reserve func(n int) error
+
+	// Err is why the last decode failed, nil when it did not. The request
+	// is then partly decoded and must not be answered.
+	Err error
+	// Held is what the decoded request holds: its slices' capacity, its
+	// strings and messages, in bytes as they were reserved.
+	Held int
+}
+
+// NewTarget returns a Target decoding into m.
+func NewTarget(m *prefixdv1.MatchRequest) *Target {
+	return &Target{Msg: m, Query: QueryOf(m)}
+}
+
+// NewScoreTarget returns a Target decoding into m.
+func NewScoreTarget(m *prefixdv1.ScoreRequest) *Target {
+	return &Target{Msg: m, Query: ScoreQueryOf(m)}
+}
+
+// ProtoReflect returns the request's, so that a Target is a proto.Message
+// to whatever looks at what gRPC received (stats handlers).
+func (t *Target) ProtoReflect() protoreflect.Message { return t.Msg.ProtoReflect() }
+
+func (t *Target) reserve(n int) error {
+	if t.Reserve == nil || n == 0 {
+		return nil
+	}
+	return t.Reserve(n)
+}
+
+func (t *Target) decode(b []byte) {
+	d := queryDecoder{t: t}
+	t.Err = d.decode(b, t.Query)
+	t.Held = d.held
+}
+
+// Sizes of what decoding a chat message allocates besides its bytes' worth
+// of strings: the message, and per content part the part and what
+// proto.Unmarshal allocates with it (measured by TestTargetReserves: its
+// size class, its pointer with the slice's growth, 120 bytes in all).
+var (
+	sizeMessage = int(reflect.TypeFor[prefixdv1.ChatMessage]().Size()) + 16
+	sizePart    = int(reflect.TypeFor[prefixdv1.ContentPart]().Size()) + 56
+)
+
 // DecodeQuery decodes a MatchRequest or ScoreRequest from b into q as
 // proto.Unmarshal would, except that the token_ids, block_hashes and pods
 // slices are reset to length 0 and appended to, reusing their capacity.
 // Packed and unpacked repeated scalars are both accepted; unknown fields
 // are skipped; strings must be valid UTF-8.
 func DecodeQuery(b []byte, q Query) error {
+	var d queryDecoder
+	return d.decode(b, q)
+}
+
+// queryDecoder is DecodeQuery, with a Target's limits and reservations
+// when t is not nil.
+type queryDecoder struct {
+	t    *Target
+	held int // bytes the decoded request holds
+}
+
+func (d *queryDecoder) reserve(n int) error {
+	if d.t == nil {
+		return nil
+	}
+	return d.t.reserve(n)
+}
+
+func (d *queryDecoder) limits() Limits {
+	if d.t == nil {
+		return Limits{}
+	}
+	return d.t.Limits
+}
+
+func (d *queryDecoder) decode(b []byte, q Query) error {
 	*q.Model, *q.LoRA, *q.CacheSalt, *q.Prompt = "", "", "", ""
 	*q.TokenIDs = (*q.TokenIDs)[:0]
 	*q.BlockHashes = (*q.BlockHashes)[:0]
 	*q.Messages = nil
 	*q.Pods = (*q.Pods)[:0]
+	d.held = 4*cap(*q.TokenIDs) + 8*cap(*q.BlockHashes) + 16*cap(*q.Pods)
+	lim := d.limits()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -72,12 +190,16 @@ func DecodeQuery(b []byte, q Query) error {
 				if len(v)%4 != 0 {
 					return fmt.Errorf("%w: packed token_ids of %d bytes, want a multiple of 4", errTruncated, len(v))
 				}
-				*q.TokenIDs = appendFixed32(*q.TokenIDs, v)
+				if err = d.roomTokens(q, len(v)/4, lim, true); err == nil {
+					*q.TokenIDs = appendFixed32(*q.TokenIDs, v)
+				}
 			}
 		case num == fieldTokenIDs && typ == protowire.Fixed32Type:
 			var v uint32
 			if v, n = protowire.ConsumeFixed32(b); n >= 0 {
-				*q.TokenIDs = append(*q.TokenIDs, v)
+				if err = d.roomTokens(q, 1, lim, false); err == nil {
+					*q.TokenIDs = append(*q.TokenIDs, v)
+				}
 			}
 		case num == fieldBlockHashes && typ == protowire.BytesType:
 			var v []byte
@@ -85,25 +207,26 @@ func DecodeQuery(b []byte, q Query) error {
 				if len(v)%8 != 0 {
 					return fmt.Errorf("%w: packed block_hashes of %d bytes, want a multiple of 8", errTruncated, len(v))
 				}
-				*q.BlockHashes = appendFixed64(*q.BlockHashes, v)
+				if err = d.roomHashes(q, len(v)/8, lim, true); err == nil {
+					*q.BlockHashes = appendFixed64(*q.BlockHashes, v)
+				}
 			}
 		case num == fieldBlockHashes && typ == protowire.Fixed64Type:
 			var v uint64
 			if v, n = protowire.ConsumeFixed64(b); n >= 0 {
-				*q.BlockHashes = append(*q.BlockHashes, v)
+				if err = d.roomHashes(q, 1, lim, false); err == nil {
+					*q.BlockHashes = append(*q.BlockHashes, v)
+				}
 			}
 		case typ == protowire.BytesType && (num == fieldModel || num == fieldLoRA || num == fieldCacheSalt || num == fieldPrompt || num == fieldPods):
 			var v []byte
 			if v, n = protowire.ConsumeBytes(b); n >= 0 {
-				err = setString(q, num, v)
+				err = d.setString(q, num, v)
 			}
 		case num == fieldMessages && typ == protowire.BytesType:
 			var v []byte
 			if v, n = protowire.ConsumeBytes(b); n >= 0 {
-				m := new(prefixdv1.ChatMessage)
-				if err = proto.Unmarshal(v, m); err == nil {
-					*q.Messages = append(*q.Messages, m)
-				}
+				err = d.appendMessage(q, v, lim)
 			}
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
@@ -117,6 +240,109 @@ func DecodeQuery(b []byte, q Query) error {
 		b = b[n:]
 	}
 	return nil
+}
+
+// newCap returns the capacity to grow a slice of length n and capacity c
+// to for more elements: exactly n+more for a packed field, which comes
+// whole, else twice c, as append would.
+func newCap(n, c, more int, exact bool) int {
+	if exact {
+		return n + more
+	}
+	return max(n+more, 2*c)
+}
+
+// roomTokens makes room for more token ids in q, within the limit, and
+// reserves what a larger slice holds before allocating it.
+func (d *queryDecoder) roomTokens(q Query, more int, lim Limits, exact bool) error {
+	s := *q.TokenIDs
+	if lim.MaxTokens > 0 && len(s)+more > lim.MaxTokens {
+		return &LimitError{Field: "token_ids", Limit: lim.MaxTokens}
+	}
+	if len(s)+more <= cap(s) {
+		return nil
+	}
+	c := newCap(len(s), cap(s), more, exact)
+	if err := d.reserve(4 * c); err != nil {
+		return err
+	}
+	d.held += 4 * (c - cap(s))
+	grown := make([]uint32, len(s), c)
+	copy(grown, s)
+	*q.TokenIDs = grown
+	return nil
+}
+
+// roomHashes is roomTokens for block hashes.
+func (d *queryDecoder) roomHashes(q Query, more int, lim Limits, exact bool) error {
+	s := *q.BlockHashes
+	if lim.MaxBlockHashes > 0 && len(s)+more > lim.MaxBlockHashes {
+		return &LimitError{Field: "block_hashes", Limit: lim.MaxBlockHashes}
+	}
+	if len(s)+more <= cap(s) {
+		return nil
+	}
+	c := newCap(len(s), cap(s), more, exact)
+	if err := d.reserve(8 * c); err != nil {
+		return err
+	}
+	d.held += 8 * (c - cap(s))
+	grown := make([]uint64, len(s), c)
+	copy(grown, s)
+	*q.BlockHashes = grown
+	return nil
+}
+
+// appendMessage decodes one chat message, within the limit, reserving
+// first what it will hold: the message, a part and a pointer per content
+// part (counted in v), and at most len(v) bytes of strings.
+func (d *queryDecoder) appendMessage(q Query, v []byte, lim Limits) error {
+	ms := *q.Messages
+	if lim.MaxTokens > 0 && len(ms) >= lim.MaxTokens/4 {
+		return &LimitError{Field: "messages", Limit: lim.MaxTokens}
+	}
+	n := sizeMessage + len(v) + sizePart*countParts(v)
+	if len(ms) == cap(ms) {
+		n += 8 * max(1, 2*cap(ms))
+	}
+	if err := d.reserve(n); err != nil {
+		return err
+	}
+	d.held += n
+	m := new(prefixdv1.ChatMessage)
+	if err := proto.Unmarshal(v, m); err != nil {
+		return err
+	}
+	if len(ms) == cap(ms) {
+		grown := make([]*prefixdv1.ChatMessage, len(ms), max(1, 2*cap(ms)))
+		copy(grown, ms)
+		ms = grown
+	}
+	*q.Messages = append(ms, m)
+	return nil
+}
+
+// countParts returns how many content parts (field 3) the encoded chat
+// message v holds; malformed input counts what came before the damage,
+// and proto.Unmarshal refuses it.
+func countParts(v []byte) int {
+	n := 0
+	for len(v) > 0 {
+		num, typ, k := protowire.ConsumeTag(v)
+		if k < 0 {
+			return n
+		}
+		v = v[k:]
+		k = protowire.ConsumeFieldValue(num, typ, v)
+		if k < 0 {
+			return n
+		}
+		if num == 3 {
+			n++
+		}
+		v = v[k:]
+	}
+	return n
 }
 
 // appendFixed32 appends the little-endian uint32s of v, len(v) a multiple of 4.
@@ -141,10 +367,18 @@ func appendFixed64(s []uint64, v []byte) []uint64 {
 	return s[:len(s)+n]
 }
 
-func setString(q Query, num protowire.Number, v []byte) error {
+func (d *queryDecoder) setString(q Query, num protowire.Number, v []byte) error {
 	if !utf8.Valid(v) {
 		return fmt.Errorf("codec: field %d: string is not valid UTF-8", num)
 	}
+	n := len(v)
+	if num == fieldPods && len(*q.Pods) == cap(*q.Pods) {
+		n += 16 * max(1, 2*cap(*q.Pods))
+	}
+	if err := d.reserve(n); err != nil {
+		return err
+	}
+	d.held += n
 	switch num {
 	case fieldModel:
 		*q.Model = string(v)
@@ -155,7 +389,13 @@ func setString(q Query, num protowire.Number, v []byte) error {
 	case fieldPrompt:
 		*q.Prompt = string(v)
 	case fieldPods:
-		*q.Pods = append(*q.Pods, string(v))
+		ps := *q.Pods
+		if len(ps) == cap(ps) {
+			grown := make([]string, len(ps), max(1, 2*cap(ps)))
+			copy(grown, ps)
+			ps = grown
+		}
+		*q.Pods = append(ps, string(v))
 	}
 	return nil
 }

@@ -1,7 +1,10 @@
 package codec
 
 import (
+	"errors"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/mem"
@@ -55,6 +58,13 @@ func check(t *testing.T, b []byte, dirty *prefixdv1.MatchRequest) {
 	want.ProtoReflect().SetUnknown(nil)
 	if !proto.Equal(want, dirty) {
 		t.Fatalf("DecodeQuery gave %v, proto.Unmarshal %v", dirty, want)
+	}
+	// A Target without limits decodes the same, whatever it reserves.
+	tg := NewTarget(new(prefixdv1.MatchRequest))
+	tg.Reserve = func(int) error { return nil }
+	tg.decode(b)
+	if tg.Err != nil || !proto.Equal(want, tg.Msg) {
+		t.Fatalf("Target gave %v, %v; proto.Unmarshal %v", tg.Msg, tg.Err, want)
 	}
 }
 
@@ -164,6 +174,137 @@ func BenchmarkDecodeQuery(b *testing.B) {
 				if err := DecodeQuery(data, QueryOf(&into)); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+func TestTargetLimits(t *testing.T) {
+	lim := Limits{MaxTokens: 8, MaxBlockHashes: 2}
+	msgs := func(n int) []*prefixdv1.ChatMessage {
+		out := make([]*prefixdv1.ChatMessage, n)
+		for i := range out {
+			out[i] = &prefixdv1.ChatMessage{Role: "user", Content: "hi"}
+		}
+		return out
+	}
+	unpacked := func(n int) []byte {
+		var b []byte
+		for range n {
+			b = protowire.AppendTag(b, fieldTokenIDs, protowire.Fixed32Type)
+			b = protowire.AppendFixed32(b, 7)
+		}
+		return b
+	}
+	marshal := func(m *prefixdv1.MatchRequest) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name  string
+		b     []byte
+		field string // "" for no error
+	}{
+		{"tokens at the limit", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 8)}), ""},
+		{"tokens over", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 9)}), "token_ids"},
+		{"a million tokens", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 1<<20)}), "token_ids"},
+		{"unpacked tokens over", unpacked(9), "token_ids"},
+		{"hashes over", marshal(&prefixdv1.MatchRequest{Model: "m", BlockHashes: make([]uint64, 3)}), "block_hashes"},
+		{"messages at the limit", marshal(&prefixdv1.MatchRequest{Model: "m", Messages: msgs(2)}), ""},
+		{"messages over", marshal(&prefixdv1.MatchRequest{Model: "m", Messages: msgs(3)}), "messages"},
+	} {
+		tg := NewTarget(new(prefixdv1.MatchRequest))
+		tg.Limits = lim
+		reserved := 0
+		tg.Reserve = func(n int) error { reserved += n; return nil }
+		// Through the codec, in two pieces as gRPC may hand them.
+		half := len(tc.b) / 2
+		if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.b[:half]), mem.SliceBuffer(tc.b[half:])}, tg); err != nil {
+			t.Fatalf("%s: Unmarshal returned %v: a Target keeps its errors", tc.name, err)
+		}
+		var le *LimitError
+		switch {
+		case tc.field == "" && tg.Err != nil:
+			t.Errorf("%s: %v", tc.name, tg.Err)
+		case tc.field != "" && (!errors.As(tg.Err, &le) || le.Field != tc.field):
+			t.Errorf("%s: %v, want a limit error on %s", tc.name, tg.Err, tc.field)
+		}
+		// The copy of the two pieces, and for a query over the limit
+		// nothing of the tokens beyond it.
+		if reserved < len(tc.b) || (tc.field == "token_ids" && reserved > len(tc.b)+64) {
+			t.Errorf("%s: reserved %d bytes for a message of %d", tc.name, reserved, len(tc.b))
+		}
+	}
+	tg := NewTarget(new(prefixdv1.MatchRequest))
+	tg.Limits = lim
+	tg.decode(marshal(&prefixdv1.MatchRequest{Messages: msgs(3)}))
+	if tg.Err == nil || tg.Err.Error() != "more than 8 tokens: more than 2 messages, each at least 4 tokens" {
+		t.Errorf("messages over the limit: %v", tg.Err)
+	}
+}
+
+// TestTargetReserves checks that what a Target's decode allocates is what
+// it reserves, and that Held is what the request holds, for messages that
+// each stress one field, and that a refusal ends the decode.
+func TestTargetReserves(t *testing.T) {
+	parts := make([]*prefixdv1.ContentPart, 1<<16)
+	for i := range parts {
+		parts[i] = &prefixdv1.ContentPart{}
+	}
+	msgs := make([]*prefixdv1.ChatMessage, 1<<14)
+	for i := range msgs {
+		msgs[i] = &prefixdv1.ChatMessage{}
+	}
+	for name, m := range map[string]*prefixdv1.MatchRequest{
+		"tokens":      {Model: "m", TokenIds: make([]uint32, 1<<17)},
+		"hashes":      {Model: "m", BlockHashes: make([]uint64, 8192)},
+		"prompt":      {Model: "m", Prompt: strings.Repeat("word ", 1<<17)},
+		"messages":    {Model: "m", Messages: msgs},
+		"empty parts": {Model: "m", Messages: []*prefixdv1.ChatMessage{{Role: "u", Parts: parts}}},
+		"pods":        {Model: "m", Pods: make([]string, 1<<16)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := proto.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tg := NewTarget(new(prefixdv1.MatchRequest))
+			tg.Limits = Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
+			reserved := 0
+			tg.Reserve = func(n int) error { reserved += n; return nil }
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			tg.decode(b)
+			runtime.ReadMemStats(&after)
+			if tg.Err != nil {
+				t.Fatal(tg.Err)
+			}
+			allocated := int(after.TotalAlloc - before.TotalAlloc)
+			if allocated > reserved+reserved/8+16<<10 {
+				t.Errorf("allocated %d bytes, reserved %d", allocated, reserved)
+			}
+			if tg.Held > reserved || tg.Held < allocated/2 {
+				t.Errorf("held %d bytes, reserved %d, allocated %d", tg.Held, reserved, allocated)
+			}
+			t.Logf("message %d bytes: reserved %d, held %d, allocated %d", len(b), reserved, tg.Held, allocated)
+
+			refused := errors.New("refused")
+			left := reserved / 2
+			tg = NewTarget(new(prefixdv1.MatchRequest))
+			tg.Reserve = func(n int) error {
+				if n > left {
+					return refused
+				}
+				left -= n
+				return nil
+			}
+			tg.decode(b)
+			if !errors.Is(tg.Err, refused) {
+				t.Errorf("with half the bytes it needs: %v", tg.Err)
 			}
 		})
 	}
