@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -200,4 +201,21 @@ func (r *rawPub) send(t *testing.T, frames ...[]byte) {
 
 func seqBytes(seq uint64) []byte {
 	return []byte{byte(seq >> 56), byte(seq >> 48), byte(seq >> 40), byte(seq >> 32), byte(seq >> 24), byte(seq >> 16), byte(seq >> 8), byte(seq)}
+}
+
+// raceBuild reports whether the test binary, and so the prefixd process
+// it runs, was built with the race detector, whose shadow memory
+// multiplies a process's (the Go documentation says 5 to 10 times the
+// heap): memory bounds must allow for it.
+func raceBuild() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
 }

@@ -284,7 +284,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 
-	api, err := rpc.New(ix, rpc.Options{Limits: limits, Metrics: rpc.NewMetrics(reg), Stats: newIngestRates(pipe, st), Log: log})
+	api, err := rpc.New(ix, rpc.Options{Limits: limits, Metrics: rpc.NewMetrics(reg), Stats: newIngestRates(pipe, st), Log: log, Recovery: guard})
 	if err != nil {
 		return err
 	}

@@ -124,11 +124,13 @@ func waitFor(t *testing.T, what string, s *started, cond func() bool) {
 }
 
 type servedPod struct {
-	Name   string `json:"name"`
-	Model  string `json:"model"`
-	Blocks int    `json:"blocks"`
-	Seq    uint64 `json:"seq"`
-	Stale  bool   `json:"stale"`
+	Name          string `json:"name"`
+	Model         string `json:"model"`
+	Blocks        int    `json:"blocks"`
+	Seq           uint64 `json:"seq"`
+	Stale         bool   `json:"stale"`
+	Incomplete    bool   `json:"incomplete"`
+	EvictedBlocks int    `json:"evicted_blocks"`
 }
 
 func servedPods(base string) []servedPod {
