@@ -201,3 +201,41 @@ func TestPodsWhileLearningAdapters(t *testing.T) {
 		t.Fatal("Apply, Pods and Match still running 18 s after they were told to stop: deadlocked")
 	}
 }
+
+// FuzzApplyNames feeds Apply batches with any topic, rank and adapter
+// name: it never panics, refuses a batch only with one of its reasons, and
+// whatever it accepts has names that are valid labels.
+func FuzzApplyNames(f *testing.F) {
+	for _, s := range [][2]string{
+		{"kv@127.0.0.1:8001@sim-model", ""}, {"kv@\xff\xfe:1@sim-model", "sql-lora"}, {"kv@127.0.0.1:1@sim\xff", "\xff"},
+		{"kv@" + strings.Repeat("1", 300) + "@m", ""}, {"", ""}, {"kv@a@b@c", "a\x00b"}, {"other", "l"},
+	} {
+		f.Add([]byte(s[0]), 0, []byte(s[1]))
+	}
+	f.Fuzz(func(t *testing.T, topic []byte, rank int, lora []byte) {
+		fl := newFleet(t, KeyModeEngine, "")
+		b := &events.Batch{Topic: topic, Seq: 1, DPRank: rank, Events: []events.Event{{
+			Kind: events.KindBlockStored, BlockHashes: []uint64{1, 2}, LoRAName: lora,
+		}}}
+		err := fl.ix.Apply(context.Background(), b, Source{Pod: "src:1", Model: "m"})
+		switch RefusedReason(err) {
+		case "":
+			if err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+		case RefuseInvalidPod, RefuseInvalidModel, RefuseInvalidLoRA:
+			return
+		default:
+			t.Fatalf("Apply refused for %v", err)
+		}
+		pods, err := fl.ix.Pods(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			if events.CheckLabel([]byte(p.Name)) != nil || events.CheckLabel([]byte(p.Model)) != nil {
+				t.Fatalf("accepted pod %q of model %q", p.Name, p.Model)
+			}
+		}
+	})
+}

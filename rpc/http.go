@@ -13,6 +13,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/rpc/internal/jsonquery"
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
 
 // MatchRequestJSON is the body of POST /v1/match: MatchRequest's fields
@@ -174,8 +175,8 @@ func (s *Server) serveHTTPMatch(w http.ResponseWriter, r *http.Request, answered
 	}
 	qb := getQueryBuf()
 	defer qb.put()
-	if err := jsonquery.Decode(body, &qb.q, s.jsonLimits, rsv.grow); err != nil {
-		var le *jsonquery.LimitError
+	if err := jsonquery.Decode(body, &qb.q, s.queryLimits, rsv.grow); err != nil {
+		var le *querylimit.Error
 		var se *jsonquery.SyntaxError
 		switch {
 		case errors.As(err, &le):

@@ -26,7 +26,7 @@ import (
 	"github.com/prefixd/prefixd/internal/recovery"
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 	"github.com/prefixd/prefixd/rpc/internal/codec"
-	"github.com/prefixd/prefixd/rpc/internal/jsonquery"
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
 
 // Server answers prefix queries over an Indexer, by gRPC (IndexService,
@@ -47,9 +47,8 @@ type Server struct {
 	// budget is the bytes queries in flight may hold, gRPC and HTTP
 	// together.
 	budget budget
-	// The limits as the decoders take them.
-	codecLimits codec.Limits
-	jsonLimits  jsonquery.Limits
+
+	queryLimits querylimit.Limits // applied by the decoders
 }
 
 var _ prefixdv1.IndexServiceServer = (*Server)(nil)
@@ -79,8 +78,7 @@ func New(ix *indexer.Indexer, opts Options) (*Server, error) {
 		sem:     make(chan struct{}, opts.Limits.MaxConcurrent),
 		budget:  budget{max: int64(opts.Limits.MaxInflightBytes)},
 
-		codecLimits: codec.Limits{MaxTokens: opts.Limits.MaxTokens, MaxBlockHashes: opts.Limits.MaxBlockHashes},
-		jsonLimits:  jsonquery.Limits{MaxTokens: opts.Limits.MaxTokens, MaxBlockHashes: opts.Limits.MaxBlockHashes},
+		queryLimits: querylimit.Limits{MaxTokens: opts.Limits.MaxTokens, MaxBlockHashes: opts.Limits.MaxBlockHashes},
 	}
 	s.health.SetServingStatus(prefixdv1.IndexService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s, nil
@@ -281,7 +279,7 @@ func (s *Server) decode(dec func(any) error, t *codec.Target, rsv *reservation) 
 	if err := rsv.grow(s.limits.MaxMessageBytes); err != nil {
 		return err
 	}
-	t.Limits = s.codecLimits
+	t.Limits = s.queryLimits
 	if err := dec(t); err != nil {
 		rsv.release()
 		if status.Code(err) == codes.ResourceExhausted {
@@ -301,7 +299,7 @@ func (s *Server) decode(dec func(any) error, t *codec.Target, rsv *reservation) 
 
 // decodeError turns an error of a Target's decode into a status.
 func decodeError(err error) error {
-	var le *codec.LimitError
+	var le *querylimit.Error
 	switch {
 	case errors.As(err, &le):
 		return limitRefusal(le.Field, le.Limit)

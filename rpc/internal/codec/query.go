@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
 
 // Query points at the fields of a MatchRequest or ScoreRequest, which share
@@ -49,34 +50,6 @@ const (
 
 var errTruncated = errors.New("codec: query truncated or malformed")
 
-// Limits bound what a Target's decode keeps of a query; 0 is no limit.
-type Limits struct {
-	// MaxTokens bounds token_ids, and messages to MaxTokens/4: every
-	// message renders to at least 4 tokens ("#", "#", "# " and the ": "
-	// after its role), so a chat of more is over the limit.
-	MaxTokens int
-	// MaxBlockHashes bounds block_hashes.
-	MaxBlockHashes int
-}
-
-// LimitError reports a query over a limit, found while decoding it.
-type LimitError struct {
-	// Field is "token_ids", "block_hashes" or "messages".
-	Field string
-	// Limit is MaxBlockHashes for block_hashes, MaxTokens for the others.
-	Limit int
-}
-
-func (e *LimitError) Error() string {
-	switch e.Field {
-	case "block_hashes":
-		return fmt.Sprintf("more than %d block hashes", e.Limit)
-	case "messages":
-		return fmt.Sprintf("more than %d tokens: more than %d messages, each at least 4 tokens", e.Limit, e.Limit/4)
-	}
-	return fmt.Sprintf("more than %d tokens", e.Limit)
-}
-
 // Target is a MatchRequest or ScoreRequest to decode under Limits, with
 // the memory it will hold asked of Reserve first (see the package doc).
 // Pass a *Target to gRPC's dec func; Codec.Unmarshal decodes into Query.
@@ -85,8 +58,8 @@ type Target struct {
 	Msg   proto.Message
 	Query Query
 	// Limits are applied as the query is read: what is over a limit is not
-	// decoded, and Err is a *LimitError.
-	Limits Limits
+	// decoded, and Err is a *querylimit.Error.
+	Limits querylimit.Limits
 	// Reserve, when not nil, is asked for the bytes of each slice, string
 	// and chat message before it is allocated, and for the copy of a
 	// message that arrived in pieces; an error from it ends the decode and
@@ -161,9 +134,9 @@ func (d *queryDecoder) reserve(n int) error {
 	return d.t.reserve(n)
 }
 
-func (d *queryDecoder) limits() Limits {
+func (d *queryDecoder) limits() querylimit.Limits {
 	if d.t == nil {
-		return Limits{}
+		return querylimit.Limits{}
 	}
 	return d.t.Limits
 }
@@ -254,10 +227,10 @@ func newCap(n, c, more int, exact bool) int {
 
 // roomTokens makes room for more token ids in q, within the limit, and
 // reserves what a larger slice holds before allocating it.
-func (d *queryDecoder) roomTokens(q Query, more int, lim Limits, exact bool) error {
+func (d *queryDecoder) roomTokens(q Query, more int, lim querylimit.Limits, exact bool) error {
 	s := *q.TokenIDs
 	if lim.MaxTokens > 0 && len(s)+more > lim.MaxTokens {
-		return &LimitError{Field: "token_ids", Limit: lim.MaxTokens}
+		return &querylimit.Error{Field: "token_ids", Limit: lim.MaxTokens}
 	}
 	if len(s)+more <= cap(s) {
 		return nil
@@ -274,10 +247,10 @@ func (d *queryDecoder) roomTokens(q Query, more int, lim Limits, exact bool) err
 }
 
 // roomHashes is roomTokens for block hashes.
-func (d *queryDecoder) roomHashes(q Query, more int, lim Limits, exact bool) error {
+func (d *queryDecoder) roomHashes(q Query, more int, lim querylimit.Limits, exact bool) error {
 	s := *q.BlockHashes
 	if lim.MaxBlockHashes > 0 && len(s)+more > lim.MaxBlockHashes {
-		return &LimitError{Field: "block_hashes", Limit: lim.MaxBlockHashes}
+		return &querylimit.Error{Field: "block_hashes", Limit: lim.MaxBlockHashes}
 	}
 	if len(s)+more <= cap(s) {
 		return nil
@@ -296,10 +269,10 @@ func (d *queryDecoder) roomHashes(q Query, more int, lim Limits, exact bool) err
 // appendMessage decodes one chat message, within the limit, reserving
 // first what it will hold: the message, a part and a pointer per content
 // part (counted in v), and at most len(v) bytes of strings.
-func (d *queryDecoder) appendMessage(q Query, v []byte, lim Limits) error {
+func (d *queryDecoder) appendMessage(q Query, v []byte, lim querylimit.Limits) error {
 	ms := *q.Messages
 	if lim.MaxTokens > 0 && len(ms) >= lim.MaxTokens/4 {
-		return &LimitError{Field: "messages", Limit: lim.MaxTokens}
+		return &querylimit.Error{Field: "messages", Limit: lim.MaxTokens}
 	}
 	n := sizeMessage + len(v) + sizePart*countParts(v)
 	if len(ms) == cap(ms) {

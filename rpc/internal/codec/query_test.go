@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
+
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
 
 func randomQuery(rng *rand.Rand) *prefixdv1.MatchRequest {
@@ -180,7 +182,7 @@ func BenchmarkDecodeQuery(b *testing.B) {
 }
 
 func TestTargetLimits(t *testing.T) {
-	lim := Limits{MaxTokens: 8, MaxBlockHashes: 2}
+	lim := querylimit.Limits{MaxTokens: 8, MaxBlockHashes: 2}
 	msgs := func(n int) []*prefixdv1.ChatMessage {
 		out := make([]*prefixdv1.ChatMessage, n)
 		for i := range out {
@@ -225,7 +227,7 @@ func TestTargetLimits(t *testing.T) {
 		if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.b[:half]), mem.SliceBuffer(tc.b[half:])}, tg); err != nil {
 			t.Fatalf("%s: Unmarshal returned %v: a Target keeps its errors", tc.name, err)
 		}
-		var le *LimitError
+		var le *querylimit.Error
 		switch {
 		case tc.field == "" && tg.Err != nil:
 			t.Errorf("%s: %v", tc.name, tg.Err)
@@ -272,7 +274,7 @@ func TestTargetReserves(t *testing.T) {
 				t.Fatal(err)
 			}
 			tg := NewTarget(new(prefixdv1.MatchRequest))
-			tg.Limits = Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
+			tg.Limits = querylimit.Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
 			reserved := 0
 			tg.Reserve = func(n int) error { reserved += n; return nil }
 			var before, after runtime.MemStats

@@ -42,34 +42,8 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
-
-// Limits bound what Decode keeps of a query.
-type Limits struct {
-	// MaxTokens bounds token_ids, and messages to MaxTokens/4.
-	MaxTokens int
-	// MaxBlockHashes bounds block_hashes.
-	MaxBlockHashes int
-}
-
-// LimitError reports a body over a limit, found while decoding it.
-type LimitError struct {
-	// Field is "token_ids", "block_hashes" or "messages".
-	Field string
-	// Limit is the limit the field is over: MaxBlockHashes for
-	// block_hashes, MaxTokens for the others.
-	Limit int
-}
-
-func (e *LimitError) Error() string {
-	switch e.Field {
-	case "block_hashes":
-		return fmt.Sprintf("more than %d block hashes", e.Limit)
-	case "messages":
-		return fmt.Sprintf("more than %d tokens: more than %d messages, each at least 4 tokens", e.Limit, e.Limit/4)
-	}
-	return fmt.Sprintf("more than %d tokens", e.Limit)
-}
 
 // SyntaxError reports a body that is not JSON, or not a match request.
 type SyntaxError struct {
@@ -99,9 +73,9 @@ const maxNameLen = 6 * 12
 // Decode decodes body, a MatchRequestJSON, into q, which it overwrites. It
 // calls reserve, when it is not nil, with the bytes each string and slice
 // it is about to allocate will hold; an error from reserve ends the decode
-// and is returned as it is. Other errors are a *LimitError or a
+// and is returned as it is. Other errors are a *querylimit.Error or a
 // *SyntaxError.
-func Decode(body []byte, q *indexer.Query, lim Limits, reserve func(n int) error) error {
+func Decode(body []byte, q *indexer.Query, lim querylimit.Limits, reserve func(n int) error) error {
 	*q = indexer.Query{}
 	d := decoder{b: body, lim: lim, reserve: reserve}
 	d.ws()
@@ -120,7 +94,7 @@ func Decode(body []byte, q *indexer.Query, lim Limits, reserve func(n int) error
 type decoder struct {
 	b       []byte
 	i       int // next byte to read
-	lim     Limits
+	lim     querylimit.Limits
 	reserve func(int) error
 }
 
@@ -651,7 +625,7 @@ func (d *decoder) tokenIDs(prev []uint32) ([]uint32, error) {
 	}
 	err = d.list("token_ids", func(i int) error {
 		if i >= d.lim.MaxTokens {
-			return &LimitError{Field: "token_ids", Limit: d.lim.MaxTokens}
+			return &querylimit.Error{Field: "token_ids", Limit: d.lim.MaxTokens}
 		}
 		var err error
 		if ids, err = extend(d, ids, 4); err != nil {
@@ -681,7 +655,7 @@ func (d *decoder) blockHashes(prev []uint64) ([]uint64, error) {
 	}
 	err = d.list("block_hashes", func(i int) error {
 		if i >= d.lim.MaxBlockHashes {
-			return &LimitError{Field: "block_hashes", Limit: d.lim.MaxBlockHashes}
+			return &querylimit.Error{Field: "block_hashes", Limit: d.lim.MaxBlockHashes}
 		}
 		var err error
 		if hs, err = extend(d, hs, 8); err != nil {
@@ -776,7 +750,7 @@ func (d *decoder) messages(prev []tokenize.Message) ([]tokenize.Message, error) 
 	}
 	err = d.list("messages", func(i int) error {
 		if i >= d.lim.MaxTokens/4 {
-			return &LimitError{Field: "messages", Limit: d.lim.MaxTokens}
+			return &querylimit.Error{Field: "messages", Limit: d.lim.MaxTokens}
 		}
 		var err error
 		if ms, err = extend(d, ms, sizeMessage); err != nil {

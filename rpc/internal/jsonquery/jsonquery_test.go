@@ -13,6 +13,8 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/internal/fixture"
+
+	"github.com/prefixd/prefixd/rpc/internal/querylimit"
 )
 
 // matchRequestJSON is rpc.MatchRequestJSON, which this package may not
@@ -43,7 +45,7 @@ func decodeStd(body []byte) (matchRequestJSON, error) {
 	return r, nil
 }
 
-var wide = Limits{MaxTokens: 1 << 30, MaxBlockHashes: 1 << 30}
+var wide = querylimit.Limits{MaxTokens: 1 << 30, MaxBlockHashes: 1 << 30}
 
 // check decodes body with Decode and with encoding/json and compares.
 func check(t *testing.T, body []byte) {
@@ -119,7 +121,7 @@ var testBodies = []string{
 }
 
 func TestDecodeLimits(t *testing.T) {
-	lim := Limits{MaxTokens: 8, MaxBlockHashes: 2}
+	lim := querylimit.Limits{MaxTokens: 8, MaxBlockHashes: 2}
 	ids := func(n int) string { return strings.TrimSuffix(strings.Repeat("7,", n), ",") }
 	msgs := func(n int) string { return strings.TrimSuffix(strings.Repeat(`{"role":"u","content":"x"},`, n), ",") }
 	for _, tc := range []struct {
@@ -138,7 +140,7 @@ func TestDecodeLimits(t *testing.T) {
 	} {
 		var q indexer.Query
 		err := Decode([]byte(tc.body), &q, lim, nil)
-		var le *LimitError
+		var le *querylimit.Error
 		switch {
 		case tc.field == "" && err != nil:
 			t.Errorf("%.60s: %v", tc.body, err)
@@ -148,7 +150,7 @@ func TestDecodeLimits(t *testing.T) {
 			t.Errorf("%.60s: decoded %d token ids, more than the limit", tc.body, cap(q.TokenIDs))
 		}
 	}
-	var le *LimitError
+	var le *querylimit.Error
 	err := Decode([]byte(`{"messages":[`+msgs(3)+`]}`), new(indexer.Query), lim, nil)
 	if !errors.As(err, &le) || le.Error() != "more than 8 tokens: more than 2 messages, each at least 4 tokens" {
 		t.Errorf("messages over the limit: %v", err)
@@ -159,7 +161,7 @@ func TestDecodeLimits(t *testing.T) {
 // reserves, within a few allocations' overhead, for bodies of each kind,
 // and that a refusal from reserve ends the decode.
 func TestDecodeReserves(t *testing.T) {
-	lim := Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
+	lim := querylimit.Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
 	const size = 1 << 20
 	bodies := hostileBodies(size)
 	for name, body := range bodies {
@@ -172,7 +174,7 @@ func TestDecodeReserves(t *testing.T) {
 			runtime.ReadMemStats(&before)
 			err := Decode(body, &q, lim, reserve)
 			runtime.ReadMemStats(&after)
-			var le *LimitError
+			var le *querylimit.Error
 			if err != nil && !errors.As(err, &le) {
 				t.Fatal(err)
 			}
@@ -282,7 +284,7 @@ func BenchmarkDecode(b *testing.B) {
 			b.ReportAllocs()
 			var q indexer.Query
 			for b.Loop() {
-				if err := Decode(bc.body, &q, Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}, nil); err != nil {
+				if err := Decode(bc.body, &q, querylimit.Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
