@@ -51,3 +51,10 @@ func endpointOf(a net.Addr) string {
 	}
 	return "tcp://" + a.String()
 }
+
+// CheckEndpoint reports whether Connect (bind false) or Bind (bind true)
+// would take endpoint, without connecting or binding.
+func CheckEndpoint(endpoint string, bind bool) error {
+	_, _, err := splitEndpoint(endpoint, bind)
+	return err
+}

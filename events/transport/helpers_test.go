@@ -73,6 +73,13 @@ func detach(m Message) Message {
 // count them.
 func recv(t *testing.T, s *Subscriber, n int) []Message {
 	t.Helper()
+	return recvAll(t, s, n, false)
+}
+
+// recvAll is recv, with the notices of connections that closed (Closed)
+// counted among the n messages when closed is set, and skipped otherwise.
+func recvAll(t *testing.T, s *Subscriber, n int, closed bool) []Message {
+	t.Helper()
 	out := make([]Message, 0, n)
 	deadline := time.NewTimer(waitLimit)
 	defer deadline.Stop()
@@ -81,6 +88,9 @@ func recv(t *testing.T, s *Subscriber, n int) []Message {
 		case m, ok := <-s.Messages():
 			if !ok {
 				t.Fatalf("queue closed after %d of %d messages", len(out), n)
+			}
+			if m.Closed && !closed {
+				continue
 			}
 			out = append(out, detach(m))
 		case <-deadline.C:

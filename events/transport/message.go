@@ -31,6 +31,14 @@ type Message struct {
 	// a publisher, so what its topic claims is only as good as its source
 	// address (Peer).
 	Inbound bool
+	// Closed marks a notice, with no Frames, that the connection of Source
+	// and Peer has ended, queued once for every connection that delivered
+	// a message. Publishers drop what they publish while no subscriber is
+	// connected, so the receiver must treat the connection's pods as
+	// possibly behind until their next batch, or a replay, shows that
+	// nothing was missed. A notice is never dropped for a full queue: the
+	// connection's goroutine waits for room, or for Close.
+	Closed bool
 
 	lease *lease // the bytes of Frames, counted in the Subscriber's memory budget
 }

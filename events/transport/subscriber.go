@@ -386,6 +386,11 @@ func (s *Subscriber) serve(ctx context.Context, nc net.Conn, st *connState) (hea
 	s.log.Info("zmq publisher connected", "source", st.src, "peer", peer)
 	up := time.Now()
 	delivered := false
+	defer func() {
+		if delivered {
+			s.notifyClosed(ctx, st, peer)
+		}
+	}()
 
 	for {
 		msg, err := recvMsg(zc)
@@ -427,6 +432,17 @@ func (s *Subscriber) serve(ctx context.Context, nc net.Conn, st *connState) (hea
 			st.resync = true
 			st.m.queueFull.Inc()
 		}
+	}
+}
+
+// notifyClosed queues the notice that a connection which delivered messages has
+// ended, waiting for room: a notice dropped would hide a possible gap. It
+// gives up only when the Subscriber closes.
+func (s *Subscriber) notifyClosed(ctx context.Context, st *connState, peer string) {
+	m := Message{Source: st.src, Peer: peer, RecvTime: time.Now(), Closed: true, Inbound: st.inbound}
+	select {
+	case s.queue <- m:
+	case <-ctx.Done():
 	}
 }
 

@@ -399,3 +399,49 @@ func TestIPCEndpoints(t *testing.T) {
 		t.Fatalf("messages from %v; want %s and %s", sources, bound, published)
 	}
 }
+
+// A connection that delivered messages and ends is reported once, after
+// its messages, by a Closed notice naming its source and peer, for bound
+// and connected endpoints alike; a connection that delivered nothing is
+// not reported.
+func TestClosedConnectionsNoticed(t *testing.T) {
+	s, _ := newSub(t, nil)
+	ep := bind(t, s)
+	silent := zmqpub.Dial(t, ep)
+	if err := zmqpub.Handshake(silent, "PUB"); err != nil {
+		t.Fatal(err)
+	}
+	_ = silent.Close() // delivered nothing: no notice
+
+	p := zmqpub.Start(t)
+	p.Connect(ep)
+	p.WaitSubscribed()
+	p.Send(msg(1)...)
+	got := recvAll(t, s, 1, true) // before the kill, which would lose what libzmq has not sent
+	p.Kill()
+	got = append(got, recvAll(t, s, 1, true)...)
+	if got[0].Closed || !got[1].Closed || got[1].Source != ep || got[1].Peer != got[0].Peer || !got[1].Inbound || len(got[1].Frames) != 0 {
+		t.Fatalf("bound: got %+v, then %+v; want the message, then a Closed notice of its connection", got[0], got[1])
+	}
+
+	q := zmqpub.Start(t)
+	pub := q.Bind("tcp://127.0.0.1:0")
+	if err := s.Connect(pub); err != nil {
+		t.Fatal(err)
+	}
+	q.WaitSubscribed()
+	q.Send(msg(1)...)
+	got = recvAll(t, s, 1, true)
+	q.Kill()
+	got = append(got, recvAll(t, s, 1, true)...)
+	if got[0].Closed || !got[1].Closed || got[1].Source != pub || got[1].Inbound {
+		t.Fatalf("connected: got %+v, then %+v; want the message, then a Closed notice of %s", got[0], got[1], pub)
+	}
+	select {
+	case m := <-s.Messages():
+		if m.Closed {
+			t.Fatalf("a second notice: %+v", m)
+		}
+	case <-time.After(200 * time.Millisecond):
+	}
+}
