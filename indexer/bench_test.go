@@ -45,7 +45,7 @@ func BenchmarkApply(b *testing.B) {
 			apply := func(bt *events.Batch) {
 				seq++
 				bt.Seq = seq
-				if err := ix.Apply(ctx, bt, Source{}); err != nil {
+				if _, err := ix.Apply(ctx, bt, Source{}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -91,7 +91,7 @@ func BenchmarkMatchTokens(b *testing.B) {
 		if p == 42 {
 			bt.Events[0].BlockHashes = keys
 		}
-		if err := ix.Apply(ctx, bt, Source{}); err != nil {
+		if _, err := ix.Apply(ctx, bt, Source{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -4,9 +4,26 @@
 // # Basics
 //
 // New builds an Indexer over a store.Store. Apply takes one decoded batch
-// of a pod (named by its topic's ip:port, plus "#rank" for data-parallel
-// ranks above 0) and applies its events in order: BlockStored adds blocks,
-// BlockRemoved removes them from one tier, AllBlocksCleared clears the pod.
+// of a pod and applies it as one store batch (store.Store.Apply): its
+// events in order, BlockStored adding blocks, BlockRemoved removing them
+// from one tier, AllBlocksCleared clearing the pod, and the pod's applied
+// seq recorded with them. A pod is named by the endpoint its topic gives
+// (kv@IP:PORT@MODEL: IP:PORT), with "#rank" only for data-parallel ranks
+// above 0 that share one topic (see names.go); topics that name no pod are
+// named by their source.
+//
+// What replicas of prefixd sharing a store must agree on lives in the
+// store: each pod's applied seq, stale mark and engine-hash map, each
+// model's key mode (the first process to decide records it; the others
+// take it) and its LoRA adapters. Names that events give are checked
+// (events.CheckLabel, events.CheckName) and a batch naming what cannot be
+// right, or one pod or model past MaxPods or MaxModels, is refused whole
+// (RefusedError, prefixd_batches_refused_total).
+//
+// A query for a model no event has named while prefixd knows no model at
+// all answers no pods with an Explanation, as does one for a configured
+// model no pod has sent events for; a name that cannot be right, when
+// models are known, is ErrUnknownModel listing them.
 // Match hashes a query (token ids, chat messages or a prompt, or given block
 // hashes) and reports, per pod, the longest run of leading blocks it holds,
 // per tier, with a tier-weighted score.
@@ -30,8 +47,12 @@
 //
 // # Caveats
 //
-// Apply records each batch's seq but does not check it: callers order a
-// pod's batches, detect gaps and restarts, and call Reset or SetStale.
+// The store ignores a batch at or below its pod's applied seq, but takes a
+// gap as it comes: callers order a pod's batches, detect gaps and
+// restarts, and call Reset or SetStale (indexer/ingest does). Batches held
+// while a model's key mode is undecided are in this process only; a
+// restart before the decision loses them, and the store's applied seq,
+// which they did not move, says so.
 // Blocks of events with extra keys (multimodal, cache salt) are keyed
 // exactly only in engine mode.
 package indexer

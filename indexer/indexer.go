@@ -3,13 +3,12 @@ package indexer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,28 +19,36 @@ import (
 
 // Indexer applies replicas' KV events to a store and answers prefix queries.
 //
+// The store owns what must outlive this process or be shared with other
+// prefixd replicas using it: each pod's applied seq, stale mark and
+// tokens-mode engine-hash map, each model's key mode and adapters. The
+// indexer keeps what is derived or local: hashers, metric series, the
+// batches held while a model's key mode is undecided.
+//
 // Apply is safe for concurrent use by different pods; the batches of one pod
 // must be applied in publish order, by one goroutine at a time (the pod's
 // lock makes overlapping calls safe but cannot restore an order the caller
 // lost). Match is safe for concurrent use with everything.
 //
-// Lock order: model.mu, then pod.mu, then loraMu; ix.mu, then pod.mu. No
-// goroutine holding a pod's lock takes ix.mu, so Pods (which holds ix.mu
-// while it reads each pod) cannot wait on an Apply that waits on it.
+// Lock order: model.mu, then pod.mu, then loraMu; ix.mu is never taken
+// while a pod's lock is held (and the store's own locks come last), so
+// Pods, which reads the pods under ix.mu, cannot wait on an Apply that
+// waits on it.
 type Indexer struct {
 	store   store.Store
-	chainer store.Chainer // store, when it keeps chains together; else nil
-	sizer   cacheSizer    // store, when it shares capacity by cache size; else nil
+	sizer   cacheSizer // store, when it shares capacity by cache size; else nil
 	opts    Options
 	metrics *Metrics
 	log     *slog.Logger
 
-	mu     sync.RWMutex // protects pods and models
+	mu     sync.RWMutex // protects pods, models and topics
 	pods   map[string]*pod
 	models map[string]*model
+	// topics holds the ranks seen on each kv@ topic (names.go).
+	topics map[string]uint64
 
 	loraMu sync.RWMutex      // protects loras
-	loras  map[string]string // adapter name -> base model name
+	loras  map[string]string // adapter name -> base model name, as the store has them
 }
 
 // cacheSizer is a store that, when full, takes room first from pods
@@ -56,21 +63,17 @@ type pod struct {
 	model *model
 
 	mu        sync.Mutex // serializes applies to this pod; protects the fields below
-	seq       uint64
-	hasSeq    bool
 	lastEvent time.Time
-	stale     atomic.Bool
-	// keys maps engine hash -> own key in tokens mode, with the tiers the
-	// pod holds the block on.
-	keys map[uint64]ownKey
-	// scratch reused across events.
-	buf []uint64
+	b         batcher  // turns event batches into store batches
+	buf       []uint64 // hash check scratch
+	// lost is set when a batch held for an undecided key mode could not be
+	// applied: the store's applied seq is then behind what the caller was
+	// told, and the next Apply says so (ErrBehind) instead of applying.
+	lost bool
 	// events counts the pod's events by Kind, each series created when the
 	// pod's first event of that kind comes, so that a pod costs the series
 	// it uses and no more.
 	events [events.KindAllBlocksCleared + 1]prometheus.Counter
-	// lora is the last adapter name that passed events.CheckName.
-	lora []byte
 }
 
 // countEvents counts n events of kind k.
@@ -86,12 +89,14 @@ func (p *pod) countEvents(ix *Indexer, k events.Kind, n int) {
 	c.Add(float64(n))
 }
 
-type ownKey struct {
-	key   uint64
-	tiers uint8
-}
+// ErrBehind is returned by Apply when batches the indexer accepted earlier
+// (held while the model's key mode was undecided) could not be written to
+// the store: the pod's applied seq in the store is behind, and its batches
+// must be applied again from there (a gap).
+var ErrBehind = errors.New("the store's applied seq of the pod is behind the batches accepted")
 
-// New returns an Indexer over st. metrics may be nil (NewMetrics(nil) is used).
+// New returns an Indexer over st, with the model state st already holds.
+// metrics may be nil (NewMetrics(nil) is used).
 func New(st store.Store, opts Options, metrics *Metrics, log *slog.Logger) (*Indexer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -102,27 +107,32 @@ func New(st store.Store, opts Options, metrics *Metrics, log *slog.Logger) (*Ind
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	chainer, _ := st.(store.Chainer)
 	sizer, _ := st.(cacheSizer)
 	ix := &Indexer{
 		store:   st,
-		chainer: chainer,
 		sizer:   sizer,
 		opts:    opts,
 		metrics: metrics,
 		log:     log,
 		pods:    make(map[string]*pod),
 		models:  make(map[string]*model),
+		topics:  make(map[string]uint64),
 		loras:   make(map[string]string),
 	}
+	ctx := context.Background()
 	for name, mo := range opts.Models {
-		m, err := ix.model(name)
+		m, err := ix.model(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		for _, l := range mo.LoRAs {
-			ix.loras[l] = m.name
+			if err := ix.learnLoRA(ctx, []byte(l), m.name); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if err := ix.loadLoRAs(ctx); err != nil {
+		return nil, err
 	}
 	return ix, nil
 }
@@ -134,89 +144,74 @@ type Source struct {
 	Model string
 }
 
-// PodName returns the holder name of a batch: the topic's ip:port, with
-// "#<rank>" appended for data-parallel ranks above 0. Topics that are not
-// kv@<pod>@<model> name the pod by src.
-func PodName(topic []byte, rank int, src Source) (podName, modelName string) {
+// pod returns the pod of a batch with this topic and rank from src,
+// creating it for its model (the default model when it names none). A pod
+// that does not exist yet is refused (RefusedError) when a name is not a
+// valid label or MaxPods pods are known. displaced is the name of a pod
+// the batch's rank showed to be misnamed (names.go), already forgotten.
+func (ix *Indexer) pod(ctx context.Context, topic []byte, rank int, src Source) (p *pod, displaced string, err error) {
 	var buf [128]byte
-	name, model := appendPodName(buf[:0], topic, rank, src)
-	return string(name), string(model)
-}
-
-// appendPodName appends a batch's holder name to dst; model is a view of
-// topic, or src.Model's bytes.
-func appendPodName(dst, topic []byte, rank int, src Source) (name, model []byte) {
-	pod, model, ok := events.ParseTopic(topic)
-	if ok {
-		dst = append(dst, pod...)
-	} else {
-		dst = append(dst, src.Pod...)
-		model = []byte(src.Model)
-	}
-	if rank > 0 {
-		dst = append(dst, '#')
-		dst = strconv.AppendInt(dst, int64(rank), 10)
-	}
-	return dst, model
-}
-
-// pod returns the pod named name, creating it for model modelName (the
-// default model when empty). A pod that does not exist yet is refused
-// (RefusedError) when a name is not a valid label or MaxPods pods are
-// known.
-func (ix *Indexer) pod(nameBytes, modelBytes []byte) (*pod, error) {
+	nameBytes, modelBytes := appendName(buf[:0], topic, rank, src, ix.ranks(topic))
 	ix.mu.RLock()
-	p := ix.pods[string(nameBytes)] // no allocation: the conversion is only a map key
+	p = ix.pods[string(nameBytes)] // no allocation: the conversion is only a map key
 	ix.mu.RUnlock()
 	if p != nil {
-		return p, nil
+		return p, "", nil
 	}
 	if err := events.CheckLabel(nameBytes); err != nil {
-		return nil, ix.refuse(RefuseInvalidPod, "pod %s: %w", events.Quote(nameBytes), err)
+		return nil, "", ix.refuse(RefuseInvalidPod, "pod %s: %w", events.Quote(nameBytes), err)
 	}
 	modelName := ix.opts.DefaultModel
 	if len(modelBytes) > 0 {
 		if err := events.CheckLabel(modelBytes); err != nil {
-			return nil, ix.refuse(RefuseInvalidModel, "model %s of pod %s: %w", events.Quote(modelBytes), nameBytes, err)
+			return nil, "", ix.refuse(RefuseInvalidModel, "model %s of pod %s: %w", events.Quote(modelBytes), nameBytes, err)
 		}
 		modelName = string(modelBytes)
 	}
-	m, err := ix.model(modelName)
+	m, err := ix.model(ctx, modelName)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	if displaced = ix.seeRank(topic, rank); displaced != "" {
+		ix.log.Info("several data-parallel ranks share a topic: the rank that had it alone is renamed", "topic", string(topic), "pod", displaced)
+		if err := ix.RemovePod(ctx, displaced); err != nil {
+			return nil, displaced, err
+		}
+		nameBytes, _ = appendName(buf[:0], topic, rank, src, ix.ranks(topic))
 	}
 	name := string(nameBytes)
 	ix.mu.Lock()
 	if p = ix.pods[name]; p != nil {
 		ix.mu.Unlock()
-		return p, nil
+		return p, displaced, nil
 	}
 	if len(ix.pods) >= ix.opts.MaxPods {
 		ix.mu.Unlock()
-		return nil, ix.refuse(RefuseMaxPods, "pod %s: %d pods are known, the limit (--max-pods)", name, ix.opts.MaxPods)
+		return nil, displaced, ix.refuse(RefuseMaxPods, "pod %s: %d pods are known, the limit (--max-pods)", name, ix.opts.MaxPods)
 	}
 	p = &pod{name: name, model: m}
 	ix.pods[name] = p
+	m.pods.Add(1)
 	ix.mu.Unlock()
 	if ix.sizer != nil && m.opts.CacheBlocks > 0 {
 		ix.sizer.SetCacheBlocks(name, m.opts.CacheBlocks)
 	}
 	ix.log.Debug("new pod", "pod", name, "model", m.name)
-	return p, nil
+	return p, displaced, nil
 }
 
 // AdmitPod returns the name of the pod of a batch with this topic and
-// data-parallel rank from src (see PodName), and creates the pod unless
-// it is refused: a RefusedError when a name is not valid or MaxPods pods
-// are known. Callers that keep state per pod call it before keeping any.
-func (ix *Indexer) AdmitPod(topic []byte, rank int, src Source) (string, error) {
-	var buf [128]byte
-	name, modelName := appendPodName(buf[:0], topic, rank, src)
-	p, err := ix.pod(name, modelName)
+// data-parallel rank from src, and creates the pod unless it is refused:
+// a RefusedError when a name is not valid or MaxPods pods are known.
+// Callers that keep state per pod call it before keeping any. displaced
+// names a pod the batch showed to be misnamed and that was forgotten
+// (see the package documentation on names): its state goes too.
+func (ix *Indexer) AdmitPod(ctx context.Context, topic []byte, rank int, src Source) (name, displaced string, err error) {
+	p, displaced, err := ix.pod(ctx, topic, rank, src)
 	if err != nil {
-		return "", err
+		return "", displaced, err
 	}
-	return p.name, nil
+	return p.name, displaced, nil
 }
 
 // refuse counts a refused batch and returns its RefusedError.
@@ -225,18 +220,34 @@ func (ix *Indexer) refuse(reason, format string, a ...any) error {
 	return refuse(reason, format, a...)
 }
 
-// Apply applies one batch. The batch's topic names the pod and model; src
-// names them when the topic does not. The batch's seq is recorded, not
-// checked: callers order batches and handle gaps and restarts (see Reset).
-func (ix *Indexer) Apply(ctx context.Context, b *events.Batch, src Source) error {
-	var buf [128]byte
-	name, modelName := appendPodName(buf[:0], b.Topic, b.DPRank, src)
-	p, err := ix.pod(name, modelName)
+// Applied is what Apply did with a batch.
+type Applied struct {
+	// Seq is the pod's applied seq after the call, as the caller should
+	// track it: the store's, or the batch's when it is Held.
+	Seq uint64
+	// Duplicate is set when the store had applied the batch's seq already
+	// (a replay overlapping, another replica first): nothing changed.
+	Duplicate bool
+	// Held is set when the batch is held until its model's key mode is
+	// decided (key mode auto): it applies then, before any later batch of
+	// the model.
+	Held bool
+}
+
+// Apply applies one batch as one store batch: its events, and the pod's
+// applied seq with them. The batch's topic names the pod and model; src
+// names them when the topic does not. Seqs are the caller's to order: the
+// store ignores a batch at or below the pod's applied seq (Duplicate) and
+// otherwise records the batch's, gaps and all (see Reset, AppliedSeq).
+// Errors: a RefusedError (nothing of the batch applied), ErrBehind, or the
+// store's (the applied seq did not move).
+func (ix *Indexer) Apply(ctx context.Context, b *events.Batch, src Source) (Applied, error) {
+	p, _, err := ix.pod(ctx, b.Topic, b.DPRank, src)
 	if err != nil {
-		return err
+		return Applied{}, err
 	}
 	if err := ix.checkLoRAs(b); err != nil {
-		return err
+		return Applied{}, err
 	}
 	if p.model.mode() == KeyModeAuto {
 		return ix.applyAuto(ctx, p, b)
@@ -246,22 +257,33 @@ func (ix *Indexer) Apply(ctx context.Context, b *events.Batch, src Source) error
 	return ix.applyLocked(ctx, p, p.model.mode(), b)
 }
 
-// applyLocked records the batch's seq and applies it. p.mu is held.
-func (ix *Indexer) applyLocked(ctx context.Context, p *pod, mode KeyMode, b *events.Batch) error {
-	p.seq, p.hasSeq = b.Seq, true
+// applyLocked applies b to pod p in key mode mode. p.mu is held.
+func (ix *Indexer) applyLocked(ctx context.Context, p *pod, mode KeyMode, b *events.Batch) (Applied, error) {
+	if p.lost {
+		p.lost = false
+		return Applied{}, fmt.Errorf("pod %s: %w", p.name, ErrBehind)
+	}
+	sb, err := p.b.build(ctx, ix, p, mode, b)
+	if err != nil {
+		return Applied{}, fmt.Errorf("pod %s seq %d: %w", p.name, b.Seq, err)
+	}
+	res, err := ix.store.Apply(ctx, p.name, sb)
+	if err != nil {
+		return Applied{}, fmt.Errorf("pod %s seq %d: %w", p.name, b.Seq, err)
+	}
+	if res.Duplicate {
+		return Applied{Seq: res.AppliedSeq, Duplicate: true}, nil
+	}
 	p.lastEvent = time.Now()
-	return ix.applyBatch(ctx, p, mode, b)
-}
-
-// applyBatch applies every event of b to pod p in key mode mode. p.mu is held.
-func (ix *Indexer) applyBatch(ctx context.Context, p *pod, mode KeyMode, b *events.Batch) error {
+	p.b.count(ix, p, b, res)
 	for i := range b.Events {
-		if err := ix.applyEvent(ctx, p, mode, &b.Events[i]); err != nil {
-			return fmt.Errorf("pod %s seq %d event %d: %w", p.name, b.Seq, i, err)
+		if l := b.Events[i].LoRAName; len(l) > 0 {
+			if err := ix.learnLoRA(ctx, l, p.model.name); err != nil {
+				ix.log.Warn("adapter not recorded in the store", "lora", string(l), "model", p.model.name, "err", err)
+			}
 		}
 	}
-	p.countEvents(ix, events.KindUnknown, b.Skipped)
-	return nil
+	return Applied{Seq: res.AppliedSeq}, nil
 }
 
 // checkLoRAs refuses a batch whose events name an adapter by a name that
@@ -275,22 +297,6 @@ func (ix *Indexer) checkLoRAs(b *events.Batch) error {
 		}
 	}
 	return nil
-}
-
-func (ix *Indexer) applyEvent(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
-	p.countEvents(ix, e.Kind, 1)
-	switch e.Kind {
-	case events.KindBlockStored:
-		return ix.stored(ctx, p, mode, e)
-	case events.KindBlockRemoved:
-		return ix.removed(ctx, p, mode, e)
-	case events.KindAllBlocksCleared:
-		ix.metrics.clears.WithLabelValues("all_blocks_cleared").Inc()
-		return ix.clear(ctx, p)
-	default:
-		ix.drop(dropUnknownEvent, 1)
-		return nil
-	}
 }
 
 func (ix *Indexer) drop(reason string, n int) {
@@ -310,118 +316,14 @@ func tierOf(m events.Medium) store.Tier {
 	}
 }
 
-func (ix *Indexer) stored(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
-	m := p.model
-	tier := tierOf(e.Medium)
-	if len(e.LoRAName) > 0 {
-		ix.learnLoRA(e.LoRAName, m.name)
-	}
-	if len(e.TokenIDs) > 0 {
-		m.check(ix, p, e)
-	}
-	if mode == KeyModeEngine {
-		return ix.add(ctx, p.name, tier, e.HasParent, e.ParentHash, e.BlockHashes)
-	}
-	// Tokens mode.
-	if len(e.TokenIDs) == 0 {
-		// The blocks are known; this event adds a tier to them.
-		keys := p.buf[:0]
-		for _, h := range e.BlockHashes {
-			k, ok := p.keys[h]
-			if !ok {
-				ix.drop(dropUnknownHash, 1)
-				continue
-			}
-			k.tiers |= 1 << tier
-			p.keys[h] = k
-			keys = append(keys, k.key)
-		}
-		p.buf = keys
-		return ix.store.Add(ctx, p.name, tier, keys)
-	}
-	bs := m.opts.BlockSize
-	if e.BlockSize != 0 && e.BlockSize != bs {
-		ix.drop(dropBlockSize, len(e.BlockHashes))
-		return nil
-	}
-	n := len(e.BlockHashes)
-	if len(e.TokenIDs) != n*bs {
-		ix.drop(dropTokenCount, n)
-		return nil
-	}
-	var (
-		keys   []uint64
-		parent uint64
-	)
-	if e.HasParent {
-		k, ok := p.keys[e.ParentHash]
-		if !ok {
-			ix.drop(dropUnknownParent, n)
-			return nil
-		}
-		parent = k.key
-		keys, _ = rechain(m.own, p.buf[:0], k.key, e.TokenIDs)
-	} else {
-		keys = prompt(m.own, p.buf[:0], e.TokenIDs, m.prompt(e))
-	}
-	p.buf = keys
-	if p.keys == nil {
-		p.keys = make(map[uint64]ownKey)
-	}
-	for i, h := range e.BlockHashes {
-		k := p.keys[h]
-		k.key = keys[i]
-		k.tiers |= 1 << tier
-		p.keys[h] = k
-	}
-	return ix.add(ctx, p.name, tier, e.HasParent, parent, keys)
+// AppliedSeq returns the seq through which the store has a pod's batches
+// applied, and false when it has none (a pod never seen, or reset).
+func (ix *Indexer) AppliedSeq(ctx context.Context, podName string) (uint64, bool, error) {
+	return ix.store.AppliedSeq(ctx, podName)
 }
 
-// add adds keys for a pod, after their parent when they have one and the
-// store keeps chains together (store.Chainer).
-func (ix *Indexer) add(ctx context.Context, pod string, tier store.Tier, hasParent bool, parent uint64, keys []uint64) error {
-	if ix.chainer != nil && hasParent {
-		return ix.chainer.AddAfter(ctx, pod, tier, parent, keys)
-	}
-	return ix.store.Add(ctx, pod, tier, keys)
-}
-
-func (ix *Indexer) removed(ctx context.Context, p *pod, mode KeyMode, e *events.Event) error {
-	tier := tierOf(e.Medium)
-	keys := e.BlockHashes
-	unknown := 0
-	if mode == KeyModeTokens {
-		keys = p.buf[:0]
-		for _, h := range e.BlockHashes {
-			k, ok := p.keys[h]
-			if !ok || k.tiers&(1<<tier) == 0 {
-				unknown++
-				continue
-			}
-			keys = append(keys, k.key)
-			if k.tiers &^= 1 << tier; k.tiers == 0 {
-				delete(p.keys, h)
-			} else {
-				p.keys[h] = k
-			}
-		}
-		p.buf = keys
-	}
-	n, err := ix.store.Remove(ctx, p.name, tier, keys)
-	if err != nil {
-		return err
-	}
-	ix.drop(dropUnknownHash, unknown+len(keys)-n)
-	return nil
-}
-
-func (ix *Indexer) clear(ctx context.Context, p *pod) error {
-	p.keys = nil
-	return ix.store.ClearPod(ctx, p.name)
-}
-
-// Reset drops every block of a pod, as when its engine restarted (its seq
-// went backwards). The pod stays known.
+// Reset drops every block of a pod and its applied seq, as when its
+// engine restarted (its seq went backwards). The pod stays known.
 func (ix *Indexer) Reset(ctx context.Context, podName string) error {
 	ix.mu.RLock()
 	p := ix.pods[podName]
@@ -432,19 +334,21 @@ func (ix *Indexer) Reset(ctx context.Context, podName string) error {
 	ix.dropPending(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.hasSeq = false
+	p.lost = false
 	ix.metrics.clears.WithLabelValues("reset").Inc()
-	return ix.clear(ctx, p)
+	return ix.store.ForgetPod(ctx, podName)
 }
 
 // RemovePod forgets a pod that left the fleet, with all its blocks (in
-// time proportional to them) and its series of prefixd_events_total and
-// prefixd_pod_stale. A later batch of the same name starts a new pod.
+// time proportional to them), its state in the store and its series of
+// prefixd_events_total and prefixd_pod_stale. A later batch of the same
+// name starts a new pod.
 func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
 	ix.mu.Lock()
 	p := ix.pods[podName]
 	delete(ix.pods, podName)
 	if p != nil {
+		p.model.pods.Add(-1)
 		// Under ix.mu, so that SetStale cannot set the gauge again once
 		// it is deleted.
 		for k := range p.events {
@@ -463,7 +367,7 @@ func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ix.metrics.clears.WithLabelValues("removed").Inc()
-	return ix.clear(ctx, p)
+	return ix.store.ForgetPod(ctx, podName)
 }
 
 // dropPending drops the batches of pod p held while its model's key mode
@@ -477,8 +381,8 @@ func (ix *Indexer) dropPending(p *pod) {
 }
 
 // SetStale marks a pod as stale (its events are known to be incomplete) or
-// consistent again.
-func (ix *Indexer) SetStale(podName string, stale bool) {
+// consistent again, in the store and in prefixd_pod_stale.
+func (ix *Indexer) SetStale(ctx context.Context, podName string, stale bool) error {
 	v := 0.0
 	if stale {
 		v = 1
@@ -487,21 +391,24 @@ func (ix *Indexer) SetStale(podName string, stale bool) {
 	// RemovePod has just forgotten.
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	p := ix.pods[podName]
-	if p == nil {
-		return
+	if ix.pods[podName] == nil {
+		return nil
 	}
-	p.stale.Store(stale)
 	ix.metrics.stale.WithLabelValues(podName).Set(v)
+	return ix.store.SetStale(ctx, podName, stale)
 }
 
-// PodStatus describes one pod the indexer knows.
+// PodStatus describes one pod the indexer or its store knows.
 type PodStatus struct {
-	Name      string
-	Model     string
-	Blocks    int
-	Seq       uint64
-	HasSeq    bool
+	Name string
+	// Model is "" for a pod the store knows and this process has not seen
+	// (another replica's).
+	Model  string
+	Blocks int
+	// Seq is the seq of the last batch the store applied, when HasSeq.
+	Seq    uint64
+	HasSeq bool
+	// LastEvent is when this process last applied a batch of the pod.
 	LastEvent time.Time
 	Stale     bool
 	// Evicted counts the pod's blocks the store forgot to make room since
@@ -510,18 +417,17 @@ type PodStatus struct {
 	Incomplete bool
 }
 
-// Pods lists the known pods, sorted by name, with their block counts. Each
-// pod's seq is read before its block count, so the blocks reflect at least
-// the batches up to that seq.
+// Pods lists the pods known here or in the store, sorted by name.
 func (ix *Indexer) Pods(ctx context.Context) ([]PodStatus, error) {
+	type local struct {
+		model string
+		last  time.Time
+	}
 	ix.mu.RLock()
-	out := make([]PodStatus, 0, len(ix.pods))
+	here := make(map[string]local, len(ix.pods))
 	for _, p := range ix.pods {
 		p.mu.Lock()
-		out = append(out, PodStatus{
-			Name: p.name, Model: p.model.name,
-			Seq: p.seq, HasSeq: p.hasSeq, LastEvent: p.lastEvent, Stale: p.stale.Load(),
-		})
+		here[p.name] = local{p.model.name, p.lastEvent}
 		p.mu.Unlock()
 	}
 	ix.mu.RUnlock()
@@ -529,50 +435,68 @@ func (ix *Indexer) Pods(ctx context.Context) ([]PodStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	byName := make(map[string]store.PodInfo, len(infos))
+	out := make([]PodStatus, 0, max(len(here), len(infos)))
 	for _, in := range infos {
-		byName[in.Name] = in
+		l, ok := here[in.Name]
+		delete(here, in.Name)
+		if !ok && in.Blocks == 0 && !in.HasSeq {
+			continue // state of a pod no process serves
+		}
+		out = append(out, PodStatus{
+			Name: in.Name, Model: l.model, Blocks: in.Blocks, Seq: in.AppliedSeq, HasSeq: in.HasSeq,
+			LastEvent: l.last, Stale: in.Stale, Evicted: in.Evicted, Incomplete: in.Evicted > 0,
+		})
 	}
-	for i := range out {
-		in := byName[out[i].Name]
-		out[i].Blocks, out[i].Evicted, out[i].Incomplete = in.Blocks, in.Evicted, in.Evicted > 0
+	for name, l := range here {
+		out = append(out, PodStatus{Name: name, Model: l.model, LastEvent: l.last})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-// LastSeq returns the seq of the last batch applied to a pod.
-func (ix *Indexer) LastSeq(podName string) (seq uint64, ok bool) {
-	ix.mu.RLock()
-	p := ix.pods[podName]
-	ix.mu.RUnlock()
-	if p == nil {
-		return 0, false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.seq, p.hasSeq
-}
-
-// learnLoRA records that adapter name is served on top of base, unless
-// MaxLoRAs adapters are known (counted). The caller may hold a pod's lock:
-// loraMu comes after it.
-func (ix *Indexer) learnLoRA(name []byte, base string) {
+// learnLoRA records in the store that adapter name is served on top of
+// base, unless it is the model itself or MaxLoRAs adapters are known
+// (counted). The caller may hold a pod's lock: loraMu comes after it.
+func (ix *Indexer) learnLoRA(ctx context.Context, name []byte, base string) error {
 	ix.loraMu.RLock()
 	_, ok := ix.loras[string(name)] // no allocation: map index by converted bytes
 	full := len(ix.loras) >= ix.opts.MaxLoRAs
 	ix.loraMu.RUnlock()
 	if ok || len(name) == 0 || bytes.Equal(name, []byte(base)) {
-		return
-	}
-	if !full {
-		ix.loraMu.Lock()
-		if full = len(ix.loras) >= ix.opts.MaxLoRAs; !full {
-			ix.loras[string(name)] = base
-		}
-		ix.loraMu.Unlock()
+		return nil
 	}
 	if full {
 		ix.metrics.lorasUnlearned.Inc()
+		return nil
 	}
+	kept, err := ix.store.AddLoRA(ctx, string(name), base)
+	if err != nil {
+		return err
+	}
+	ix.loraMu.Lock()
+	defer ix.loraMu.Unlock()
+	if len(ix.loras) >= ix.opts.MaxLoRAs {
+		ix.metrics.lorasUnlearned.Inc()
+		return nil
+	}
+	ix.loras[string(name)] = kept
+	return nil
+}
+
+// loadLoRAs takes in the adapters the store knows (other replicas').
+func (ix *Indexer) loadLoRAs(ctx context.Context) error {
+	models, err := ix.store.Models(ctx)
+	if err != nil {
+		return err
+	}
+	ix.loraMu.Lock()
+	defer ix.loraMu.Unlock()
+	for base, st := range models {
+		for _, l := range st.LoRAs {
+			if len(ix.loras) < ix.opts.MaxLoRAs {
+				ix.loras[l] = base
+			}
+		}
+	}
+	return nil
 }

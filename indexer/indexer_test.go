@@ -67,7 +67,7 @@ func (f *fleet) send(pod string, rank int, evs ...events.Event) {
 	key := pod + "/" + string(rune('0'+rank))
 	f.seq[key]++
 	b := &events.Batch{Topic: []byte("kv@" + pod + "@" + testModel), Seq: f.seq[key], DPRank: rank, Events: evs}
-	if err := f.ix.Apply(context.Background(), b, Source{}); err != nil {
+	if _, err := f.ix.Apply(context.Background(), b, Source{}); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -274,7 +274,7 @@ func TestResetAndStale(t *testing.T) {
 	f := newFleet(t, KeyModeEngine, "")
 	a := tokens(0, 8)
 	f.send("p:1", 0, f.stored(a, 0, 2, events.MediumGPU))
-	f.ix.SetStale("p:1", true)
+	_ = f.ix.SetStale(context.Background(), "p:1", true)
 	if got := f.match(Query{TokenIDs: a}); !got["p:1"].Stale {
 		t.Errorf("stale pod not flagged: %+v", got)
 	}
@@ -287,8 +287,8 @@ func TestResetAndStale(t *testing.T) {
 	if got := f.match(Query{TokenIDs: a}); len(got) != 0 {
 		t.Errorf("after reset: %+v", got)
 	}
-	if _, ok := f.ix.LastSeq("p:1"); ok {
-		t.Error("reset kept the seq")
+	if _, ok, err := f.ix.AppliedSeq(context.Background(), "p:1"); ok || err != nil {
+		t.Errorf("reset kept the seq (err %v)", err)
 	}
 }
 
@@ -322,7 +322,7 @@ func TestRemovePodDeletesItsSeries(t *testing.T) {
 	a := tokens(0, 8)
 	for _, pod := range []string{"p:1", "p:2"} {
 		f.send(pod, 0, f.stored(a, 0, 2, events.MediumGPU))
-		f.ix.SetStale(pod, true)
+		_ = f.ix.SetStale(context.Background(), pod, true)
 	}
 	// A series for each kind of event the pod sent (BlockStored only),
 	// not one for every kind, and stale.
@@ -340,7 +340,7 @@ func TestRemovePodDeletesItsSeries(t *testing.T) {
 		t.Errorf("p:2 has %d series, want %d: removal deleted another pod's", n, perPod)
 	}
 	// Marking a forgotten pod does not bring its gauge back.
-	f.ix.SetStale("p:1", false)
+	_ = f.ix.SetStale(context.Background(), "p:1", false)
 	if n := podSeries(t, reg, "p:1"); n != 0 {
 		t.Errorf("SetStale of a removed pod made %d series", n)
 	}

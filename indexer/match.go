@@ -45,6 +45,9 @@ type Result struct {
 	TotalBlocks int
 	// Pods holds every pod with at least one matched block, best first.
 	Pods []PodMatch
+	// Explanation says why Pods is empty when the reason is not the
+	// query's own (no pod has sent events for its model yet); "" otherwise.
+	Explanation string
 }
 
 // PodMatch is one pod's share of a query.
@@ -75,11 +78,17 @@ var (
 
 // Match answers q.
 func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
-	m, lora, err := ix.resolve(q)
+	m, lora, err := ix.resolve(ctx, q)
 	if err != nil {
 		return nil, err
 	}
+	if m == nil {
+		return &Result{Model: q.Model, Explanation: "no pod has sent events yet: prefixd knows no model"}, nil
+	}
 	res := &Result{Model: m.name, BlockSize: m.opts.BlockSize}
+	if m.pods.Load() == 0 {
+		res.Explanation = fmt.Sprintf("no pod serving model %q has sent events yet", m.name)
+	}
 	keys := q.BlockHashes
 	switch {
 	case len(q.BlockHashes) > 0:
@@ -117,13 +126,12 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	}
 	res.Pods = make([]PodMatch, 0, len(matches))
 	for _, mt := range matches {
-		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete}
+		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete, Stale: mt.Stale}
 		w := 0.0
 		for t, n := range mt.TierBlocks {
 			w += float64(n) * ix.opts.TierWeights[t]
 		}
 		pm.Score = w / float64(len(keys))
-		pm.Stale = ix.stale(mt.Pod)
 		res.Pods = append(res.Pods, pm)
 	}
 	sort.Slice(res.Pods, func(i, j int) bool {
@@ -137,32 +145,60 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 }
 
 // resolve finds the model a query names and the LoRA adapter it targets.
-func (ix *Indexer) resolve(q *Query) (m *model, lora string, err error) {
+// m is nil when prefixd knows no model at all (no event has come, none is
+// configured): any name may be right.
+func (ix *Indexer) resolve(ctx context.Context, q *Query) (m *model, lora string, err error) {
 	name := q.Model
-	ix.loraMu.RLock()
-	base, isLoRA := ix.loras[name]
-	ix.loraMu.RUnlock()
+	base, isLoRA := ix.lora(name)
 	ix.mu.RLock()
 	_, known := ix.models[name]
-	names := make([]string, 0, len(ix.models))
-	if !known && !isLoRA {
-		for n := range ix.models {
-			names = append(names, n)
-		}
-	}
+	none := len(ix.models) == 0
 	ix.mu.RUnlock()
+	if !known && !isLoRA && !none {
+		// Another process sharing the store may have learned the adapter.
+		if err := ix.loadLoRAs(ctx); err != nil {
+			return nil, "", err
+		}
+		base, isLoRA = ix.lora(name)
+	}
 	switch {
 	case isLoRA:
 		name, lora = base, q.Model
+	case none:
+		return nil, "", nil
 	case !known:
-		sort.Strings(names)
-		return nil, "", fmt.Errorf("%w %q: known models are %s", ErrUnknownModel, q.Model, strings.Join(names, ", "))
+		return nil, "", fmt.Errorf("%w %q: known models are %s", ErrUnknownModel, q.Model, strings.Join(ix.knownNames(), ", "))
 	}
 	if q.LoRA != "" {
 		lora = q.LoRA
 	}
-	m, err = ix.model(name)
+	m, err = ix.model(ctx, name)
 	return m, lora, err
+}
+
+// lora returns the base model of an adapter.
+func (ix *Indexer) lora(name string) (base string, ok bool) {
+	ix.loraMu.RLock()
+	defer ix.loraMu.RUnlock()
+	base, ok = ix.loras[name]
+	return base, ok
+}
+
+// knownNames lists the models and adapters a query may name, sorted.
+func (ix *Indexer) knownNames() []string {
+	ix.mu.RLock()
+	names := make([]string, 0, len(ix.models))
+	for n := range ix.models {
+		names = append(names, n)
+	}
+	ix.mu.RUnlock()
+	ix.loraMu.RLock()
+	for l, base := range ix.loras {
+		names = append(names, l+" (adapter of "+base+")")
+	}
+	ix.loraMu.RUnlock()
+	sort.Strings(names)
+	return names
 }
 
 // candidates expands pod names to include their data-parallel ranks.
@@ -183,16 +219,6 @@ func (ix *Indexer) candidates(pods []string) []string {
 	}
 	ix.mu.RUnlock()
 	return out
-}
-
-func (ix *Indexer) stale(name string) bool {
-	ix.mu.RLock()
-	p := ix.pods[name]
-	ix.mu.RUnlock()
-	if p == nil {
-		return false
-	}
-	return p.stale.Load()
 }
 
 // tokenizeQuery tokenizes a query's text with the sim's tokenizer.

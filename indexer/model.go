@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer/blockhash"
@@ -23,6 +22,7 @@ type model struct {
 	own    *blockhash.Hasher
 
 	decided atomic.Uint32 // KeyMode once decided; KeyModeAuto before
+	pods    atomic.Int32  // pods of the model this process knows
 
 	mu      sync.Mutex // protects the fields below while undecided
 	pending []pendingBatch
@@ -39,7 +39,9 @@ type pendingBatch struct {
 	batch *events.Batch
 }
 
-func (ix *Indexer) model(name string) (*model, error) {
+// model returns the model named name, creating it with the key mode the
+// store has decided for it, if any.
+func (ix *Indexer) model(ctx context.Context, name string) (*model, error) {
 	ix.mu.RLock()
 	m := ix.models[name]
 	ix.mu.RUnlock()
@@ -54,6 +56,23 @@ func (ix *Indexer) model(name string) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
+	mode := opts.KeyMode
+	if mode != KeyModeAuto {
+		// A configured mode is recorded, so that replicas configured
+		// otherwise see the disagreement instead of writing two key spaces.
+		recorded, err := ix.store.DecideKeyMode(ctx, name, mode.String())
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", name, err)
+		}
+		if recorded != mode.String() {
+			ix.log.Warn("the store has another key mode for this model, decided by another process: using the store's", "model", name, "configured", mode.String(), "store", recorded)
+			mode, _ = ParseKeyMode(recorded)
+		}
+	} else if states, err := ix.store.Models(ctx); err != nil {
+		return nil, fmt.Errorf("model %q: %w", name, err)
+	} else if st, ok := states[name]; ok && st.KeyMode != "" {
+		mode, _ = ParseKeyMode(st.KeyMode)
+	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if m = ix.models[name]; m != nil {
@@ -63,9 +82,9 @@ func (ix *Indexer) model(name string) (*model, error) {
 		return nil, ix.refuse(RefuseMaxModels, "model %s: %d models are known, the limit (--max-models)", name, ix.opts.MaxModels)
 	}
 	m = &model{name: name, opts: opts, engine: engine, own: own}
-	m.decided.Store(uint32(opts.KeyMode))
+	m.decided.Store(uint32(mode))
 	ix.models[name] = m
-	ix.metrics.keyMode.WithLabelValues(name, opts.KeyMode.String()).Set(1)
+	ix.metrics.keyMode.WithLabelValues(name, mode.String()).Set(1)
 	return m, nil
 }
 
@@ -185,8 +204,10 @@ func (m *model) check(ix *Indexer, p *pod, e *events.Event) verdict {
 
 // applyAuto applies a batch of a model whose key mode is undecided: it
 // decides from the batch's BlockStored events when it can, and otherwise
-// holds the batch until it can. Locks are taken model first, then pod.
-func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) error {
+// holds the batch until it can. The decision is recorded in the store,
+// where the first process to decide decides for every replica sharing it.
+// Locks are taken model first, then pod.
+func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) (Applied, error) {
 	m := p.model
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -231,30 +252,50 @@ func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) error
 		mode = KeyModeTokens
 		why = fmt.Sprintf("no BlockStored event could be verified in %d batches", len(m.pending))
 	default:
-		p.mu.Lock()
-		p.seq, p.hasSeq = b.Seq, true
-		p.lastEvent = time.Now()
-		p.mu.Unlock()
+		if states, err := ix.store.Models(ctx); err == nil && states[m.name].KeyMode != "" {
+			// Another process decided.
+			mode, _ = ParseKeyMode(states[m.name].KeyMode)
+			why = "decided by another process sharing the store"
+			break
+		}
 		m.pending = append(m.pending, pendingBatch{pod: p, batch: cloneBatch(b)})
-		return nil
+		return Applied{Seq: b.Seq, Held: true}, nil
+	}
+	recorded, err := ix.store.DecideKeyMode(ctx, m.name, mode.String())
+	if err != nil {
+		m.pending = append(m.pending, pendingBatch{pod: p, batch: cloneBatch(b)})
+		return Applied{Seq: b.Seq, Held: true}, nil // decided next time
+	}
+	if recorded != mode.String() {
+		mode, _ = ParseKeyMode(recorded)
+		why = "decided by another process sharing the store"
 	}
 	// Apply what was held, then this batch, and only then publish the mode:
 	// until then other pods' applies wait on m.mu, so each pod's order holds.
 	pending := m.pending
 	m.pending = nil
+	var (
+		res  Applied
+		last error
+	)
 	for _, pb := range append(pending, pendingBatch{pod: p, batch: b}) {
 		pb.pod.mu.Lock()
-		err := ix.applyLocked(ctx, pb.pod, mode, pb.batch)
+		r, err := ix.applyLocked(ctx, pb.pod, mode, pb.batch)
+		if err != nil && pb.pod != p {
+			// The caller was told this batch was applied: its pod's next
+			// Apply reports that the store is behind.
+			pb.pod.lost = true
+		}
 		pb.pod.mu.Unlock()
-		if err != nil {
-			return err
+		if pb.pod == p {
+			res, last = r, err
 		}
 	}
 	m.decided.Store(uint32(mode))
 	ix.metrics.keyMode.WithLabelValues(m.name, KeyModeAuto.String()).Set(0)
 	ix.metrics.keyMode.WithLabelValues(m.name, mode.String()).Set(1)
 	ix.log.Info("key mode chosen", "model", m.name, "mode", mode.String(), "why", why)
-	return nil
+	return res, last
 }
 
 // KeyMode returns the key mode a model uses now (auto while undecided).

@@ -30,8 +30,10 @@ func newLimitedFleet(t *testing.T, set func(*Options)) *fleet {
 }
 
 func (f *fleet) apply(topic string, evs ...events.Event) error {
-	b := &events.Batch{Topic: []byte(topic), Seq: 1, Events: evs}
-	return f.ix.Apply(context.Background(), b, Source{Pod: "src:1", Model: testModel})
+	f.seq[topic]++
+	b := &events.Batch{Topic: []byte(topic), Seq: f.seq[topic], Events: evs}
+	_, err := f.ix.Apply(context.Background(), b, Source{Pod: "src:1", Model: testModel})
+	return err
 }
 
 // Every string of a batch that becomes a name is checked before anything
@@ -113,7 +115,7 @@ func TestApplyLimits(t *testing.T) {
 	if err := f.apply("kv@10.0.0.3:8000@"+testModel, ev); RefusedReason(err) != RefuseMaxPods {
 		t.Fatalf("fourth pod: %v; want refused for max_pods", err)
 	}
-	if _, err := f.ix.AdmitPod([]byte("kv@10.0.0.4:8000@"+testModel), 0, Source{}); RefusedReason(err) != RefuseMaxPods {
+	if _, _, err := f.ix.AdmitPod(context.Background(), []byte("kv@10.0.0.4:8000@"+testModel), 0, Source{}); RefusedReason(err) != RefuseMaxPods {
 		t.Fatalf("AdmitPod of a fourth pod: %v; want refused for max_pods", err)
 	}
 	if err := f.apply("kv@10.0.0.0:8000@"+testModel, ev); err != nil {
@@ -175,7 +177,7 @@ func TestPodsWhileLearningAdapters(t *testing.T) {
 				b := &events.Batch{Topic: fmt.Appendf(nil, "kv@10.0.0.%d:8000@m", g), Seq: uint64(i + 1), Events: []events.Event{{
 					Kind: events.KindBlockStored, BlockHashes: []uint64{uint64(g<<32 | i)}, LoRAName: fmt.Appendf(nil, "lora-%d-%d", g, i),
 				}}}
-				if err := ix.Apply(ctx, b, Source{}); err != nil && ctx.Err() == nil {
+				if _, err := ix.Apply(ctx, b, Source{}); err != nil && ctx.Err() == nil {
 					t.Error(err)
 					return
 				}
@@ -217,7 +219,7 @@ func FuzzApplyNames(f *testing.F) {
 		b := &events.Batch{Topic: topic, Seq: 1, DPRank: rank, Events: []events.Event{{
 			Kind: events.KindBlockStored, BlockHashes: []uint64{1, 2}, LoRAName: lora,
 		}}}
-		err := fl.ix.Apply(context.Background(), b, Source{Pod: "src:1", Model: "m"})
+		_, err := fl.ix.Apply(context.Background(), b, Source{Pod: "src:1", Model: "m"})
 		switch RefusedReason(err) {
 		case "":
 			if err != nil {

@@ -24,6 +24,9 @@ type Recorded struct {
 	Duplicates int
 	// TornTails lists files that end inside a record (still being written).
 	TornTails []string
+	// Ranks holds the data-parallel ranks seen on each topic, so that pods
+	// are named as if every rank had been seen from the start.
+	Ranks map[string]uint64
 }
 
 type recordedBatch struct {
@@ -39,12 +42,38 @@ type recordedBatch struct {
 // Publishers whose topic names no pod are named by their source endpoint,
 // or by the file when the recording does not say, and serve defaultModel.
 func ReadRecordings(paths []string, defaultModel string) (*Recorded, error) {
-	rec := &Recorded{Pods: make(map[string][]*events.Batch), Sources: make(map[string]Source)}
-	bySeq := make(map[string]map[uint64]recordedBatch)
+	rec := &Recorded{Pods: make(map[string][]*events.Batch), Sources: make(map[string]Source), Ranks: make(map[string]uint64)}
+	var read []readBatch
 	for _, path := range paths {
-		if err := rec.read(path, defaultModel, bySeq); err != nil {
+		var err error
+		if read, err = rec.read(path, defaultModel, read); err != nil {
 			return nil, err
 		}
+	}
+	for _, rb := range read {
+		if _, _, ok := events.ParseTopic(rb.batch.Topic); ok {
+			rec.Ranks[string(rb.batch.Topic)] |= rankBit(rb.batch.DPRank)
+		}
+	}
+	bySeq := make(map[string]map[uint64]recordedBatch)
+	for _, rb := range read {
+		b := rb.batch
+		name, _ := appendName(nil, b.Topic, b.DPRank, rb.src, rec.Ranks[string(b.Topic)])
+		pod := string(name)
+		rec.Sources[pod] = rb.src
+		seqs := bySeq[pod]
+		if seqs == nil {
+			seqs = make(map[uint64]recordedBatch)
+			bySeq[pod] = seqs
+		}
+		if prev, ok := seqs[b.Seq]; ok {
+			if !bytes.Equal(prev.payload, rb.payload) {
+				return nil, fmt.Errorf("%s record %d: pod %s seq %d was read before with a different payload (did the engine restart inside the recording?)", rb.path, rb.index, pod, b.Seq)
+			}
+			rec.Duplicates++
+			continue
+		}
+		seqs[b.Seq] = recordedBatch{batch: b, payload: rb.payload}
 	}
 	for pod, seqs := range bySeq {
 		batches := make([]*events.Batch, 0, len(seqs))
@@ -57,10 +86,20 @@ func ReadRecordings(paths []string, defaultModel string) (*Recorded, error) {
 	return rec, nil
 }
 
-func (rec *Recorded) read(path, defaultModel string, bySeq map[string]map[uint64]recordedBatch) error {
+// readBatch is one decoded message of a recording, and where it was read.
+type readBatch struct {
+	batch   *events.Batch
+	payload []byte
+	src     Source
+	path    string
+	index   int
+}
+
+// read appends the decoded messages of one recording to out.
+func (rec *Recorded) read(path, defaultModel string, out []readBatch) ([]readBatch, error) {
 	r, err := recording.Open(path)
 	if err != nil {
-		return err
+		return out, err
 	}
 	defer func() { _ = r.Close() }() // read-only: nothing to lose
 	for m, err := range r.All() {
@@ -69,34 +108,20 @@ func (rec *Recorded) read(path, defaultModel string, bySeq map[string]map[uint64
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return out, fmt.Errorf("%s: %w", path, err)
 		}
 		rec.Messages++
 		b := new(events.Batch)
 		if err := events.Decode(m.Topic, m.Seq, m.Payload, b); err != nil {
-			return fmt.Errorf("%s record %d: %w", path, m.Index, err)
+			return out, fmt.Errorf("%s record %d: %w", path, m.Index, err)
 		}
 		src := Source{Pod: m.Source, Model: defaultModel}
 		if src.Pod == "" {
 			src.Pod = path
 		}
-		pod, _ := PodName(b.Topic, b.DPRank, src)
-		rec.Sources[pod] = src
-		seqs := bySeq[pod]
-		if seqs == nil {
-			seqs = make(map[uint64]recordedBatch)
-			bySeq[pod] = seqs
-		}
-		if prev, ok := seqs[b.Seq]; ok {
-			if !bytes.Equal(prev.payload, m.Payload) {
-				return fmt.Errorf("%s record %d: pod %s seq %d was read before with a different payload (did the engine restart inside the recording?)", path, m.Index, pod, b.Seq)
-			}
-			rec.Duplicates++
-			continue
-		}
-		seqs[b.Seq] = recordedBatch{batch: b, payload: bytes.Clone(m.Payload)}
+		out = append(out, readBatch{batch: b, payload: bytes.Clone(m.Payload), src: src, path: path, index: m.Index})
 	}
-	return nil
+	return out, nil
 }
 
 // ApplyRecorded applies recorded batches: each pod's in order, pods in
@@ -109,10 +134,13 @@ func (ix *Indexer) ApplyRecorded(ctx context.Context, rec *Recorded) (refused ma
 		mu sync.Mutex // protects refused and err
 	)
 	refused = make(map[string]int)
+	for topic, mask := range rec.Ranks {
+		ix.seeRanks([]byte(topic), mask)
+	}
 	for pod, batches := range rec.Pods {
 		wg.Go(func() {
 			for _, b := range batches {
-				aerr := ix.Apply(ctx, b, rec.Sources[pod])
+				_, aerr := ix.Apply(ctx, b, rec.Sources[pod])
 				if aerr == nil {
 					continue
 				}

@@ -83,7 +83,7 @@ func newBenchFleet(b *testing.B) *benchFleet {
 			}
 			bt.Events = append(bt.Events, events.Event{Kind: events.KindBlockStored, BlockHashes: filler})
 		}
-		if err := ix.Apply(context.Background(), bt, indexer.Source{}); err != nil {
+		if _, err := ix.Apply(context.Background(), bt, indexer.Source{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -122,7 +122,7 @@ func (f *benchFleet) ingest(ctx context.Context) (blocks int64, err error) {
 		}
 		seq++
 		bt.Seq = seq
-		if err := f.ix.Apply(context.Background(), bt, indexer.Source{}); err != nil {
+		if _, err := f.ix.Apply(context.Background(), bt, indexer.Source{}); err != nil {
 			return blocks, err
 		}
 		blocks += 16 * 8

@@ -83,7 +83,7 @@ func (f *fleet) store(tb testing.TB, pod string, hashes []uint64) {
 	b := &events.Batch{Topic: []byte("kv@" + pod + "@" + testModel), Seq: 7, Events: []events.Event{
 		{Kind: events.KindBlockStored, BlockHashes: hashes, BlockSize: 16},
 	}}
-	if err := f.ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
+	if _, err := f.ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
 		tb.Fatal(err)
 	}
 }

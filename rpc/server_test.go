@@ -139,7 +139,7 @@ func (f fakeStats) IngestStats() IngestStats { return IngestStats(f) }
 
 func TestPodsAndStats(t *testing.T) {
 	f := newFleet(t)
-	f.ix.SetStale(podB, true)
+	_ = f.ix.SetStale(context.Background(), podB, true)
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, newServer(t, f, Options{
 		Stats: fakeStats{BatchesPerSecond: 3, EventsPerSecond: 48, MemoryBytes: 12345},
 	})))

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/blockhash"
 )
 
 // fileConfig is a YAML configuration file: every key but models is a flag
@@ -113,15 +114,21 @@ func (c *fileConfig) apply(fs *flag.FlagSet) error {
 }
 
 // modelOptions returns the per-model options of the file, each starting
-// from base (the flags' model options).
+// from base (the flags' model options), or, for a model of another hash
+// scheme, from base with that scheme's own default seed.
 func (c *fileConfig) modelOptions(base indexer.ModelOptions) (map[string]indexer.ModelOptions, error) {
 	path := c.path
 	out := make(map[string]indexer.ModelOptions, len(c.models))
 	for name, m := range c.models {
 		mo := base
 		mo.LoRAs = append([]string(nil), m.LoRAs...)
-		if m.HashScheme != nil {
-			mo.HashScheme = *m.HashScheme
+		if m.HashScheme != nil && *m.HashScheme != base.HashScheme {
+			// Another scheme: its own default seed, not the flags'.
+			scheme, err := blockhash.ParseScheme(*m.HashScheme)
+			if err != nil {
+				return nil, fmt.Errorf("%s: models: %s: hash-scheme: %w", path, name, err)
+			}
+			mo.HashScheme, mo.HashSeed = *m.HashScheme, blockhash.DefaultSeed(scheme)
 		}
 		if m.HashSeed != nil {
 			mo.HashSeed = *m.HashSeed

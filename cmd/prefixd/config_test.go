@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/blockhash"
 	"github.com/prefixd/prefixd/rpc"
 	"github.com/prefixd/prefixd/store/memory"
 )
@@ -60,7 +61,8 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := models["llama"]; m.HashScheme != "vllm-sha256-cbor" || m.KeyMode != indexer.KeyModeEngine || m.HashSeed != "base" {
+	// Another scheme than the flags' starts from its own default seed.
+	if m := models["llama"]; m.HashScheme != "vllm-sha256-cbor" || m.KeyMode != indexer.KeyModeEngine || m.HashSeed != blockhash.VLLMDefaultSeed {
 		t.Errorf("llama: %+v", m)
 	}
 	if m := models["sim-model"]; m.HashSeed != "42" || m.HashScheme != "llmd" || len(m.LoRAs) != 1 {

@@ -54,7 +54,10 @@ type endpointsWatcher struct {
 
 // sync reads the file if it changed and connects, reconnects or
 // disconnects what differs; the pods of an endpoint disconnected are
-// removed from the index. A file that does not parse changes nothing.
+// removed from the index. A file that does not parse, or names an
+// endpoint that cannot be connected to, changes nothing; one whose
+// endpoints could not all be connected is undone as far as it was
+// applied, and tried again at the next sync.
 func (w *endpointsWatcher) sync(ctx context.Context) error {
 	fi, err := os.Stat(w.path)
 	if err != nil {
@@ -77,7 +80,21 @@ func (w *endpointsWatcher) sync(ctx context.Context) error {
 			return fmt.Errorf("%s: endpoint %s is also given by --zmq-connect", w.path, ep)
 		}
 	}
-	w.stamp = stamp
+	var added []string
+	for ep, c := range want {
+		if _, had := w.current[ep]; had {
+			continue
+		}
+		w.pipe.SetSource(ep, c.src)
+		if err := w.sub.Connect(ep); err != nil {
+			for _, a := range added {
+				w.sub.Disconnect(a)
+				_, _ = w.pipe.RemoveSource(ctx, a)
+			}
+			return fmt.Errorf("%s: connect %s: %w (nothing of the file applied; tried again)", w.path, ep, err)
+		}
+		added = append(added, ep)
+	}
 	for ep := range w.current {
 		if _, ok := want[ep]; !ok {
 			w.sub.Disconnect(ep) // its messages are all queued now
@@ -90,19 +107,14 @@ func (w *endpointsWatcher) sync(ctx context.Context) error {
 		}
 	}
 	for ep, c := range want {
-		old, had := w.current[ep]
-		if had && old == c {
-			continue
-		}
-		w.pipe.SetSource(ep, c.src)
-		if !had {
-			if err := w.sub.Connect(ep); err != nil {
-				return fmt.Errorf("connect %s: %w", ep, err)
-			}
-			w.log.Info("endpoint added", "endpoint", ep, "replay", c.src.Replay, "file", w.path)
+		if old, had := w.current[ep]; had && old != c {
+			w.pipe.SetSource(ep, c.src)
 		}
 	}
-	w.current = want
+	for _, ep := range added {
+		w.log.Info("endpoint added", "endpoint", ep, "replay", want[ep].src.Replay, "file", w.path)
+	}
+	w.current, w.stamp = want, stamp
 	return nil
 }
 

@@ -19,7 +19,10 @@ func TestParseEndpoints(t *testing.T) {
 	if err != nil || len(got) != 2 || got["tcp://10.0.0.7:5557"].src.Replay != "tcp://10.0.0.7:5601" || got["tcp://10.0.0.8:5557"].endpoint == "" {
 		t.Fatalf("parseEndpoints = %+v, %v", got, err)
 	}
-	for _, bad := range []string{"tcp://a:1\ntcp://a:1\n", "not an endpoint\n", "tcp://a:1,colour=red\n"} {
+	for _, bad := range []string{
+		"tcp://a:1\ntcp://a:1\n", "not an endpoint\n", "tcp://a:1,colour=red\n",
+		"tcp://10.0.0.8:5557\ntcp://*:5557\n", "tcp://10.0.0.8:0\n", "tcp://a:1,replay=tcp://*:1\n",
+	} {
 		if _, err := parseEndpoints([]byte(bad)); err == nil || !strings.Contains(err.Error(), "line ") {
 			t.Errorf("parseEndpoints(%q): %v, want an error naming the line", bad, err)
 		}
@@ -42,6 +45,14 @@ func TestServeEndpointsFile(t *testing.T) {
 
 	pub := zmqpub.Start(t)
 	pubEP := pub.Bind("tcp://127.0.0.1:0")
+	// A file with a line that cannot be right applies nothing, and says so.
+	if err := os.WriteFile(file, []byte(pubEP+"\ntcp://*:5557\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the bad file refused", s, func() bool { return strings.Contains(s.stderr.String(), "endpoints file not applied") })
+	if strings.Contains(s.stderr.String(), "endpoint added") {
+		t.Fatalf("a file with a bad line was half applied:\n%s", s.stderr.String())
+	}
 	if err := os.WriteFile(file, []byte(pubEP+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

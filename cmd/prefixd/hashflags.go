@@ -54,8 +54,8 @@ func (h *hashFlags) hasher(fs *flag.FlagSet) (*blockhash.Hasher, error) {
 	seedSet := false
 	fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "hash-seed" })
 	seed := h.seed
-	if scheme == blockhash.VLLMSHA256CBOR && !seedSet {
-		seed = blockhash.VLLMDefaultSeed
+	if !seedSet {
+		seed = blockhash.DefaultSeed(scheme)
 	}
 	if scheme == blockhash.LLMD && h.cacheSalt != "" {
 		return nil, usageErrorf(fs, "--cache-salt: the llmd chain hashes no cache salt (llm-d and its sim ignore it); leave it out")

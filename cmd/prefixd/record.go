@@ -69,6 +69,9 @@ func runRecord(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer tick.Stop()
 	n := 0
 	add := func(m transport.Message) error {
+		if m.Closed {
+			return nil // a notice, not a message a publisher sent
+		}
 		n++
 		err := w.Append(recording.Message{RecvTime: m.RecvTime, Source: m.Source, Peer: m.Peer, Frames: m.Frames})
 		m.Release() // Append has copied the frames

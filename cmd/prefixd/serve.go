@@ -67,6 +67,14 @@ func parseConnect(v string) (connectSpec, error) {
 	if !strings.Contains(c.endpoint, "://") {
 		return c, fmt.Errorf("%q: no endpoint (want [pod=]tcp://host:port[,replay=tcp://host:port])", v)
 	}
+	if err := transport.CheckEndpoint(c.endpoint, false); err != nil {
+		return c, fmt.Errorf("%q: %w", v, err)
+	}
+	if c.src.Replay != "" {
+		if err := transport.CheckEndpoint(c.src.Replay, false); err != nil {
+			return c, fmt.Errorf("%q: replay: %w", v, err)
+		}
+	}
 	return c, nil
 }
 
@@ -187,6 +195,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		grpcAddr = fs.String("grpc-addr", ":50051", "address of the gRPC server (prefixd.v1.IndexService, health, reflection)")
 		drain    = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long queries in flight may take before they are cut off")
 		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")
+		podTTL   = fs.Duration("pod-timeout", 5*time.Minute, "how long a pod whose publisher connection closed may stay away before it leaves the index\nwith its blocks and metric series; 0 keeps such pods")
 		lf       logFlags
 		il       indexLimits
 	)
@@ -223,6 +232,13 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if *drain <= 0 {
 		return usageErrorf(fs, "--drain-timeout %v: want > 0", *drain)
+	}
+	if *podTTL < 0 {
+		return usageErrorf(fs, "--pod-timeout %v: want 0 (keep pods) or more", *podTTL)
+	}
+	podTimeout := *podTTL
+	if podTimeout == 0 {
+		podTimeout = -1 // ingest: negative keeps pods
 	}
 	if err := il.validate(fs); err != nil {
 		return err
@@ -277,6 +293,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		Replay:       zf.parsedReplays,
 		DefaultModel: defaultModel,
 		TrustTopics:  il.trustTopics,
+		PodTimeout:   podTimeout,
 		Recovery:     guard,
 		Logger:       log,
 	}, ingest.NewMetrics(reg))

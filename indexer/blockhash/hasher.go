@@ -47,6 +47,15 @@ func ParseScheme(name string) (Scheme, error) {
 // bytes instead.
 const VLLMDefaultSeed = "vllm-none-hash"
 
+// DefaultSeed returns the seed an engine of scheme hashes with when it is
+// given none: VLLMDefaultSeed for vLLM's sha256_cbor, "" otherwise.
+func DefaultSeed(s Scheme) string {
+	if s == VLLMSHA256CBOR {
+		return VLLMDefaultSeed
+	}
+	return ""
+}
+
 // MaxBlockSize bounds Config.BlockSize. Engines use 16 to 256.
 const MaxBlockSize = 1 << 16
 

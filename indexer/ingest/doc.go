@@ -19,21 +19,38 @@
 // and counts (prefixd_ingest_dropped_total) and flags the next message of
 // that connection with Resync.
 //
-// Per pod (indexer.PodName), with last the seq last applied:
-//   - the first batch is applied whatever its seq;
-//   - seq == last+1 is applied;
-//   - seq <= last means the engine restarted (its seq went backwards): the
-//     pod is Reset, then the batch applied (prefixd_resets_total);
-//   - seq > last+1 is a gap (prefixd_gaps_total): when a replay endpoint is
-//     known for the pod, the batches in between are requested from it and
-//     applied in order, then the current one (prefixd_replays_total with
-//     result ok, incomplete or error); without one (result unavailable),
-//     or when the replay fails or comes back incomplete, the current batch
-//     is applied anyway and the pod marked stale. A later replay that
-//     fills its gap completely, or a reset, clears the mark.
+// Per pod, with applied the seq through which the store has its batches
+// (read from the store when the pod is first seen, so that a restarted
+// prefixd or another replica resumes where the store is):
+//   - a pod without history takes its first batch as its publisher's
+//     first when its seq is 0 (vLLM) or 1 (llm-d-inference-sim); later
+//     than that, what came before is a gap from the publisher's first seq,
+//     asked of its replay endpoint, and without one the pod is stale;
+//   - seq == applied+1 is applied;
+//   - seq == applied is a duplicate, dropped and counted
+//     (prefixd_batches_duplicate_total);
+//   - seq < applied means the engine restarted (its seq went backwards):
+//     the pod is Reset, and the batch is a first batch
+//     (prefixd_resets_total);
+//   - seq > applied+1 is a gap (prefixd_gaps_total): the batches in
+//     between are requested from the replay endpoint and applied in
+//     order, then the current one (prefixd_replays_total with result ok,
+//     incomplete or error); without one (result unavailable), or when the
+//     replay fails or comes back incomplete, the current batch is applied
+//     anyway and the pod marked stale. A later replay that fills its gap
+//     completely, or a reset, clears the mark.
 //   - A message with Resync set (the subscriber dropped messages of its
 //     connection before it) is handled as a gap even when its seq is
 //     contiguous: what was dropped may have hidden a restart.
+//   - A batch the store fails to apply is a gap too: applied again from
+//     the store's applied seq, by replay, at once (prefixd_apply_errors_total).
+//
+// A connection that closes (transport.Message.Closed) makes its pods
+// stale: publishers drop what they publish while no subscriber is
+// connected. A pod's next batch continuing its seq shows nothing was lost
+// and clears the mark; a gap is repaired as above. A pod whose connection
+// does not come back within Options.PodTimeout leaves the index with its
+// blocks and series (prefixd_pods_removed_total{reason="timeout"}).
 //
 // Messages that do not decode are counted in
 // prefixd_decode_errors_total{source} and skipped.

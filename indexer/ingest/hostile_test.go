@@ -113,11 +113,13 @@ type panicStore struct {
 	key uint64
 }
 
-func (s panicStore) Add(ctx context.Context, pod string, tier store.Tier, keys []uint64) error {
-	if pod == s.pod && slices.Contains(keys, s.key) {
-		panic("test: store panics on this key")
+func (s panicStore) Apply(ctx context.Context, pod string, b *store.Batch) (store.Result, error) {
+	for _, op := range b.Ops {
+		if pod == s.pod && op.Kind == store.OpAdd && !op.HasParent && slices.Contains(op.Keys, s.key) {
+			panic("test: store panics on this key")
+		}
 	}
-	return s.Store.Add(ctx, pod, tier, keys)
+	return s.Store.Apply(ctx, pod, b)
 }
 
 // A panic while applying a message is counted, its pod marked stale, and
@@ -130,7 +132,7 @@ func TestPanicInApplyIsContained(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first block of the pod's first prompt, and the batches that add
-	// it with Add (engine key mode: events with no parent).
+	// it without a parent.
 	var key uint64
 	panics := 0
 	for _, b := range rec.Pods["127.0.0.1:8001"] {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,8 +78,10 @@ func (l *live) waitBatches(t *testing.T, n float64) {
 	}
 }
 
-// The publisher is killed and a new one sends the recording again from seq
-// 1, as a restarted engine does: every pod is reset once and rebuilt.
+// The publisher is killed (kill -9: what it would have published next is
+// lost): its pods are stale at once. A new one sends the recording again
+// from seq 1, as a restarted engine does: every pod is reset once,
+// rebuilt, and consistent again.
 func TestLiveRestartResets(t *testing.T) {
 	want := reference(t)
 	l := startLive(t, Options{})
@@ -91,10 +94,13 @@ func TestLiveRestartResets(t *testing.T) {
 			t.Fatalf("sent %d", n)
 		}
 		l.waitBatches(t, float64(34*(i+1)))
+		if got := snapshot(t, l.ix); got != want {
+			t.Errorf("publisher %d: index differs\ngot:\n%s\nwant:\n%s", i, got, want)
+		}
 		pub.Kill()
-	}
-	if got := snapshot(t, l.ix); got != want {
-		t.Errorf("index after restart differs\ngot:\n%s\nwant:\n%s", got, want)
+		waitUntil(t, "the killed publisher's pods stale", func() bool {
+			return strings.Count(snapshot(t, l.ix), "stale true") == len(podsA)
+		})
 	}
 	for _, pod := range podsA {
 		if n := counter(l.p.m.resets.WithLabelValues(pod)); n != 1 {

@@ -32,6 +32,17 @@ const (
 	// DropPanic: handling the message panicked (a bug, logged with its
 	// stack and counted in prefixd_panics_total).
 	DropPanic = "panic"
+	// DropError: the store failed while the message's pod was admitted.
+	DropError = "error"
+)
+
+// Reasons of prefixd_pods_removed_total.
+const (
+	// RemovedTimeout: the pod's connection closed and did not come back
+	// within Options.PodTimeout.
+	RemovedTimeout = "timeout"
+	// RemovedSource: the pod's source left the fleet (RemoveSource).
+	RemovedSource = "source_removed"
 )
 
 // Metrics are the pipeline's Prometheus metrics.
@@ -46,7 +57,9 @@ type Metrics struct {
 	gaps         *prometheus.CounterVec // pod
 	replays      *prometheus.CounterVec // pod, result
 	applyErrors  *prometheus.CounterVec // pod
+	podsRemoved  *prometheus.CounterVec // reason
 	batches      prometheus.Counter
+	duplicates   prometheus.Counter
 	lag          prometheus.Histogram
 }
 
@@ -76,8 +89,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"pod", "result"}),
 		applyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_apply_errors_total",
-			Help: "Batches the indexer failed to apply, by pod.",
+			Help: "Batches the indexer failed to apply (then applied again from the store's applied seq), by pod.",
 		}, []string{"pod"}),
+		podsRemoved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixd_pods_removed_total",
+			Help: "Pods that left the index with their blocks and series, by reason (timeout, source_removed).",
+		}, []string{"reason"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixd_batches_duplicate_total",
+			Help: "Batches not applied because their pod's applied seq was at or past theirs (replays overlapping, repeated messages).",
+		}),
 		batches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixd_batches_applied_total",
 			Help: "Batches applied to the index, live and replayed.",
@@ -89,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.batches, m.lag)
+		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.podsRemoved, m.batches, m.duplicates, m.lag)
 		m.dropped = promreg.Register(reg, m.dropped)
 	}
 	return m

@@ -40,6 +40,10 @@ type Options struct {
 	DefaultModel string
 	// ReplayTimeout bounds one replay request.
 	ReplayTimeout time.Duration
+	// PodTimeout is how long a pod whose publisher connection closed may
+	// stay away before it leaves the index, with its blocks and series;
+	// negative keeps such pods for good. Zero means DefaultOptions'.
+	PodTimeout time.Duration
 	// TrustTopics accepts a kv@IP:PORT@MODEL topic from a publisher that
 	// connected to a bound address whatever its source address. By default
 	// such a message is accepted only when IP is the connection's source
@@ -60,6 +64,7 @@ func DefaultOptions() Options {
 		WorkerQueue:   1024,
 		DefaultModel:  "default",
 		ReplayTimeout: 5 * time.Second,
+		PodTimeout:    5 * time.Minute,
 	}
 }
 
@@ -77,6 +82,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReplayTimeout == 0 {
 		o.ReplayTimeout = d.ReplayTimeout
+	}
+	if o.PodTimeout == 0 {
+		o.PodTimeout = d.PodTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

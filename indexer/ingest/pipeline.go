@@ -144,6 +144,19 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan transport.Message) error {
 		case <-p.stop:
 			return nil
 		}
+		if m.Closed {
+			// Every worker may hold pods of the connection.
+			for _, w := range workers {
+				select {
+				case w.in <- m:
+				case <-ctx.Done():
+					return nil
+				case <-p.stop:
+					return nil
+				}
+			}
+			continue
+		}
 		w := workers[p.route(&m)]
 		select {
 		case w.in <- m:

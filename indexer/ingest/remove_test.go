@@ -165,7 +165,7 @@ func TestRemoveSourceForgetsItsPods(t *testing.T) {
 	p.SetSource(srcA, Source{})
 	in <- fromA[0]
 	waitUntil(t, "8001 back", func() bool { return slices.Contains(podNames(t, ix), "127.0.0.1:8001") })
-	if seq, ok := ix.LastSeq("127.0.0.1:8001"); !ok || seq != 1 {
+	if seq, ok, _ := ix.AppliedSeq(context.Background(), "127.0.0.1:8001"); !ok || seq != 1 {
 		t.Errorf("8001 at seq %d (%v), want 1", seq, ok)
 	}
 	if n := testutil.CollectAndCount(p.m.resets) + testutil.CollectAndCount(p.m.gaps); n != 1 {

@@ -32,19 +32,40 @@ type worker struct {
 	rb       events.Batch // a replayed batch, reused
 }
 
-// podState is what a worker tracks of one pod.
+// podState is what a worker tracks of one pod. The pod's applied seq is
+// the store's; applied mirrors it, read from the store when the pod is
+// first seen (a restarted process, another replica) and kept from what
+// every Apply reports.
 type podState struct {
 	name   string
 	source string // transport.Message.Source of the pod's last message
-	peer   string // transport.Message.Peer of the last message checked against the topic
-	last   uint64 // seq of the last batch applied
-	known  bool   // a batch was applied since the pod was seen or reset
+	peer   string // transport.Message.Peer of the pod's last message
+	// checked is the peer last found to be at the address the topic names.
+	checked    string
+	loaded     bool   // applied and hasApplied were read from the store
+	applied    uint64 // the store's applied seq, when hasApplied
+	hasApplied bool
+	// suspect is set when the pod's connection closed: what its publisher
+	// published until it was connected again is lost, so the pod is stale
+	// until its next batch shows that its seq continued (or a replay
+	// fills the gap).
+	suspect bool
+	// gone is when the pod's connection closed, zero while connected: a
+	// pod gone for Options.PodTimeout leaves the index.
+	gone time.Time
 }
 
-// run handles the messages of w.in, and runs the functions of w.ctl
-// between them, until w.in is closed.
+// run handles the messages of w.in, runs the functions of w.ctl between
+// them, and removes the pods gone for the pod timeout, until w.in is
+// closed.
 func (w *worker) run(ctx context.Context) {
 	defer close(w.done)
+	var expire <-chan time.Time
+	if t := w.p.opts.PodTimeout; t > 0 {
+		tick := time.NewTicker(min(max(t/4, time.Second), 30*time.Second))
+		defer tick.Stop()
+		expire = tick.C
+	}
 	for {
 		select {
 		case m, ok := <-w.in:
@@ -58,13 +79,15 @@ func (w *worker) run(ctx context.Context) {
 			w.handle(ctx, &m)
 		case f := <-w.ctl:
 			f()
+		case now := <-expire:
+			w.expire(ctx, now)
 		}
 	}
 }
 
 // handle applies one message and releases it. A panic while doing so is
 // counted and logged; the pod, whose batch may be half applied, is
-// marked stale and handled as after a gap by its next batch.
+// marked stale and its applied seq read again from the store.
 func (w *worker) handle(ctx context.Context, m *transport.Message) {
 	defer m.Release()
 	var st *podState
@@ -73,11 +96,15 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 			_ = w.p.opts.Recovery.Error(r, "ingest")
 			w.p.m.dropped.WithLabelValues(DropPanic, m.Source).Inc()
 			if st != nil {
-				w.p.ix.SetStale(st.name, true)
-				st.known = false
+				w.stale(ctx, st, true)
+				st.loaded = false
 			}
 		}
 	}()
+	if m.Closed {
+		w.closed(ctx, m)
+		return
+	}
 	p := w.p
 	src, ok := p.source(m)
 	if !ok {
@@ -90,38 +117,253 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 		p.log.Debug("kv event message dropped: does not decode", "source", m.Source, "peer", m.Peer, "err", err)
 		return
 	}
-	st, err := w.pod(b, src, m)
+	st, err := w.pod(ctx, b, src, m)
 	if err != nil {
 		w.refused(m, err)
 		return
 	}
-	st.source = m.Source
-	name := st.name
-	switch {
-	case !st.known:
-		w.apply(ctx, b, src, name, st)
-	case b.Seq <= st.last:
-		p.m.resets.WithLabelValues(name).Inc()
-		p.log.Info("pod seq went backwards: engine restarted; resetting its blocks", "pod", name, "last_seq", st.last, "seq", b.Seq)
-		stale := false
-		if err := p.ix.Reset(ctx, name); err != nil {
-			stale = true // the old engine's blocks may remain
-			p.log.Warn("pod reset failed: pod marked stale", "pod", name, "err", err)
-		}
-		p.ix.SetStale(name, stale)
-		st.known = false
-		if m.Resync {
-			// Messages were dropped before this one: the new engine's first
-			// batches may be among them.
-			w.repair(ctx, m, b, src, name, st, 0)
+	st.source, st.peer, st.gone = m.Source, m.Peer, time.Time{}
+	if !st.loaded {
+		seq, ok, err := p.ix.AppliedSeq(ctx, st.name)
+		if err != nil {
+			p.log.Warn("applied seq not read from the store: handled as a gap", "pod", st.name, "err", err)
+			w.repair(ctx, m, b, src, st, st.applied+1, false)
 			return
 		}
-		w.apply(ctx, b, src, name, st)
-	case b.Seq > st.last+1 || m.Resync:
-		w.repair(ctx, m, b, src, name, st, st.last+1)
-	default:
-		w.apply(ctx, b, src, name, st)
+		st.applied, st.hasApplied, st.loaded = seq, ok, true
 	}
+	w.step(ctx, m, b, src, st)
+}
+
+// step applies batch b of a pod after what its seq says of the ones
+// before it.
+func (w *worker) step(ctx context.Context, m *transport.Message, b *events.Batch, src indexer.Source, st *podState) {
+	p := w.p
+	switch {
+	case !st.hasApplied:
+		w.first(ctx, m, b, src, st)
+	case b.Seq == st.applied:
+		p.m.duplicates.Inc()
+	case b.Seq < st.applied:
+		p.m.resets.WithLabelValues(st.name).Inc()
+		p.log.Info("pod seq went backwards: engine restarted; resetting its blocks", "pod", st.name, "last_seq", st.applied, "seq", b.Seq)
+		if err := p.ix.Reset(ctx, st.name); err != nil {
+			p.log.Warn("pod reset failed: pod marked stale", "pod", st.name, "err", err)
+			w.stale(ctx, st, true)
+			st.loaded = false
+			return
+		}
+		st.applied, st.hasApplied, st.suspect = 0, false, false
+		w.first(ctx, m, b, src, st)
+	case b.Seq > st.applied+1 || m.Resync:
+		w.repair(ctx, m, b, src, st, st.applied+1, false)
+	default:
+		if err := w.apply(ctx, b, src, st); err != nil {
+			if retryable(err) {
+				// Failures are gaps: applied again from the applied seq.
+				w.repair(ctx, m, b, src, st, st.applied+1, false)
+			}
+			return
+		}
+		if st.suspect {
+			p.log.Info("pod's seq continued after its connection closed: nothing was missed", "pod", st.name, "seq", b.Seq)
+			w.stale(ctx, st, false)
+		}
+	}
+}
+
+// first applies the first batch of a pod without history: new, restarted,
+// or seen first after its publisher started (a late subscriber, a
+// restarted prefixd). Unless the batch is a publisher's first (seq 0,
+// vLLM's, or 1, llm-d-inference-sim's), what came before it was missed:
+// it is asked of the replay endpoint, and without one the pod is stale.
+// (A vLLM seen first at seq 1 missed its seq 0 unnoticed.)
+func (w *worker) first(ctx context.Context, m *transport.Message, b *events.Batch, src indexer.Source, st *podState) {
+	p := w.p
+	if b.Seq > 1 && p.rp != nil && p.replayEndpoint(m.Source, st.name) != "" {
+		w.repair(ctx, m, b, src, st, 0, true)
+		return
+	}
+	if err := w.apply(ctx, b, src, st); err != nil {
+		if retryable(err) {
+			w.repair(ctx, m, b, src, st, 0, true)
+		}
+		return
+	}
+	if b.Seq > 1 {
+		p.m.gaps.WithLabelValues(st.name).Inc()
+		p.m.replays.WithLabelValues(st.name, ReplayUnavailable).Inc()
+		p.log.Warn("first batch of a pod comes after its publisher's first, and no replay endpoint is known: pod marked stale",
+			"pod", st.name, "seq", b.Seq)
+		w.stale(ctx, st, true)
+		return
+	}
+	w.stale(ctx, st, false)
+}
+
+// repair handles a gap before the live batch b: it replays the pod's
+// batches from seq from up to b's, applies them, then applies b. With
+// fromFirst the pod has no history, and from is 0: a run of replayed
+// batches starting at 0 or 1 is complete.
+func (w *worker) repair(ctx context.Context, m *transport.Message, b *events.Batch, src indexer.Source, st *podState, from uint64, fromFirst bool) {
+	p := w.p
+	name := st.name
+	cur := b.Seq
+	result := ReplayUnavailable
+	ep := p.replayEndpoint(m.Source, name)
+	var (
+		rerr    error
+		started = !fromFirst
+	)
+	if ep != "" && p.rp != nil {
+		next, complete := from, true
+		rctx, cancel := context.WithTimeout(ctx, p.opts.ReplayTimeout)
+		rerr = p.rp.Replay(rctx, ep, from, func(seq uint64, topic, payload []byte) error {
+			if seq < next || seq >= cur {
+				return nil // not missing, or before what is missing
+			}
+			if topic == nil {
+				topic = b.Topic // a reply without a topic frame is the pod's own
+			}
+			var seqf [8]byte
+			binary.BigEndian.PutUint64(seqf[:], seq)
+			rb := &w.rb
+			if err := events.Decode(topic, seqf[:], payload, rb); err != nil {
+				p.m.decodeErrors.WithLabelValues(ep).Inc()
+				p.log.Debug("replayed batch dropped: does not decode", "replay", ep, "seq", seq, "err", err)
+				return nil
+			}
+			if pod, _ := p.ix.PodName(rb.Topic, rb.DPRank, src); pod != name {
+				return nil // another pod of the same publisher
+			}
+			if started && seq > next || !started && seq > 1 {
+				complete = false
+			}
+			started = true
+			if err := w.apply(ctx, rb, src, st); err != nil {
+				complete = false
+			}
+			next = seq + 1
+			return nil
+		})
+		cancel()
+		switch {
+		case rerr != nil:
+			result = ReplayError
+		case !complete || started && next < cur || !started && cur > 1:
+			result = ReplayIncomplete
+		default:
+			result = ReplayOK
+		}
+	}
+	if err := w.apply(ctx, b, src, st); err != nil && result == ReplayOK {
+		result = ReplayIncomplete
+	}
+	p.m.gaps.WithLabelValues(name).Inc()
+	p.m.replays.WithLabelValues(name, result).Inc()
+	if result == ReplayOK {
+		w.stale(ctx, st, false)
+		p.log.Info("seq gap repaired from replay", "pod", name, "from", from, "seq", cur, "resync", m.Resync)
+		return
+	}
+	w.stale(ctx, st, true)
+	p.log.Warn("seq gap not repaired: pod marked stale", "pod", name, "from", from, "seq", cur,
+		"resync", m.Resync, "replay", ep, "result", result, "err", rerr)
+}
+
+// apply applies one batch and keeps the applied seq the indexer reports.
+// On a refusal the pod is marked stale (a batch of it is missing); on any
+// other error the applied seq is read again from the store before the
+// pod's next batch.
+func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source, st *podState) error {
+	p := w.p
+	res, err := p.ix.Apply(ctx, b, src)
+	if err != nil {
+		w.stale(ctx, st, true)
+		if reason := indexer.RefusedReason(err); reason != "" {
+			p.m.dropped.WithLabelValues(reason, st.source).Inc()
+			if ok, suppressed := p.refusals.Allow(); ok {
+				p.log.Warn("batch refused: pod marked stale", "pod", st.name, "seq", b.Seq, "reason", reason, "err", err, "refusals_not_logged", suppressed)
+			}
+			return err
+		}
+		p.m.applyErrors.WithLabelValues(st.name).Inc()
+		st.loaded = false
+		if ok, suppressed := p.refusals.Allow(); ok {
+			p.log.Warn("batch not applied: applied again from the store's applied seq", "pod", st.name, "seq", b.Seq, "err", err, "failures_not_logged", suppressed)
+		}
+		return err
+	}
+	st.applied, st.hasApplied = res.Seq, true
+	if res.Duplicate {
+		p.m.duplicates.Inc()
+		return nil
+	}
+	p.m.batches.Inc()
+	p.applied.Add(1)
+	p.appliedEvents.Add(uint64(len(b.Events)))
+	if b.TS > 0 {
+		lag := time.Since(time.Unix(0, int64(b.TS*1e9))).Seconds()
+		p.m.lag.Observe(max(lag, 0))
+	}
+	return nil
+}
+
+// retryable reports whether a batch that failed to apply may apply when
+// tried again: not a refusal, which is the batch's own.
+func retryable(err error) bool { return indexer.RefusedReason(err) == "" }
+
+// stale marks a pod stale or consistent again, in the index and here.
+func (w *worker) stale(ctx context.Context, st *podState, stale bool) {
+	if !stale {
+		st.suspect = false
+	}
+	if err := w.p.ix.SetStale(ctx, st.name, stale); err != nil {
+		w.p.log.Warn("stale mark not recorded", "pod", st.name, "stale", stale, "err", err)
+	}
+}
+
+// closed marks the pods last seen on a connection that ended as suspect
+// and stale, and starts their pod timeout.
+func (w *worker) closed(ctx context.Context, m *transport.Message) {
+	now := time.Now()
+	for _, st := range w.pods {
+		if st.source != m.Source || st.peer != m.Peer {
+			continue
+		}
+		st.suspect, st.gone = true, now
+		w.stale(ctx, st, true)
+		w.p.log.Info("publisher connection closed: pod stale until its next batch shows that nothing was missed",
+			"pod", st.name, "source", m.Source, "peer", m.Peer)
+	}
+}
+
+// expire removes the pods whose connection closed a pod timeout ago and
+// did not come back.
+func (w *worker) expire(ctx context.Context, now time.Time) {
+	p := w.p
+	var gone []string
+	for name, st := range w.pods {
+		if !st.gone.IsZero() && now.Sub(st.gone) >= p.opts.PodTimeout {
+			gone = append(gone, name)
+		}
+	}
+	for _, name := range gone {
+		w.forget(name)
+		if err := p.ix.RemovePod(ctx, name); err != nil {
+			p.log.Warn("pod not removed from the index", "pod", name, "err", err)
+		}
+		p.m.podsRemoved.WithLabelValues(RemovedTimeout).Inc()
+		p.log.Info("pod left: its connection closed and did not come back within the pod timeout", "pod", name, "pod_timeout", p.opts.PodTimeout)
+	}
+}
+
+// forget drops a pod's state and series here.
+func (w *worker) forget(name string) {
+	delete(w.pods, name)
+	w.p.m.forgetPod(name)
+	sweep(w.byTopic, w.pods)
+	sweep(w.bySource, w.pods)
 }
 
 // refused counts and logs, at a bounded rate, a message dropped before it
@@ -131,6 +373,9 @@ func (w *worker) refused(m *transport.Message, err error) {
 	reason := DropForeignTopic
 	if !errors.Is(err, errForeignTopic) {
 		reason = indexer.RefusedReason(err)
+	}
+	if reason == "" {
+		reason = DropError
 	}
 	p.m.dropped.WithLabelValues(reason, m.Source).Inc()
 	if ok, suppressed := p.refusals.Allow(); ok {
@@ -180,16 +425,14 @@ func (w *worker) removeSource(ctx context.Context, source string) removal {
 		if st.source != source {
 			continue
 		}
-		delete(w.pods, name)
 		if err := p.ix.RemovePod(ctx, name); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", name, err))
 		}
-		p.m.forgetPod(name)
+		p.m.podsRemoved.WithLabelValues(RemovedSource).Inc()
 		r.pods = append(r.pods, name)
 	}
-	if len(r.pods) > 0 {
-		sweep(w.byTopic, w.pods)
-		sweep(w.bySource, w.pods)
+	for _, name := range r.pods {
+		w.forget(name)
 	}
 	r.err = errors.Join(errs...)
 	return r
@@ -227,7 +470,7 @@ const maxCachedTopics = 4096
 // state is kept for a pod it refuses. Unless Options.TrustTopics, a
 // message that reached a bound address must come from the address its
 // topic names (errForeignTopic).
-func (w *worker) pod(b *events.Batch, src indexer.Source, m *transport.Message) (*podState, error) {
+func (w *worker) pod(ctx context.Context, b *events.Batch, src indexer.Source, m *transport.Message) (*podState, error) {
 	verify := m.Inbound && !w.p.opts.TrustTopics
 	_, _, byTopic := events.ParseTopic(b.Topic)
 	var ranks []*podState
@@ -239,18 +482,22 @@ func (w *worker) pod(b *events.Batch, src indexer.Source, m *transport.Message) 
 	rank := b.DPRank
 	if rank >= 0 && rank < len(ranks) && ranks[rank] != nil {
 		st := ranks[rank]
-		if verify && st.peer != m.Peer {
+		if verify && st.checked != m.Peer {
 			if !fromPeer(b.Topic, m.Peer) {
 				return nil, errForeignTopic
 			}
-			st.peer = m.Peer
+			st.checked = m.Peer
 		}
 		return st, nil
 	}
 	if verify && !fromPeer(b.Topic, m.Peer) {
 		return nil, errForeignTopic
 	}
-	name, err := w.p.ix.AdmitPod(b.Topic, rank, src)
+	name, displaced, err := w.p.ix.AdmitPod(ctx, b.Topic, rank, src)
+	if displaced != "" {
+		w.forget(displaced)
+		ranks = w.byTopic[string(b.Topic)]
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +506,7 @@ func (w *worker) pod(b *events.Batch, src indexer.Source, m *transport.Message) 
 		st = &podState{name: name}
 		w.pods[name] = st
 	}
-	st.peer = m.Peer
+	st.checked = m.Peer
 	if rank >= 0 && rank < maxCachedRank && (!byTopic || ranks != nil || len(w.byTopic) < maxCachedTopics) {
 		if rank >= len(ranks) {
 			ranks = append(ranks, make([]*podState, rank+1-len(ranks))...)
@@ -272,89 +519,4 @@ func (w *worker) pod(b *events.Batch, src indexer.Source, m *transport.Message) 
 		}
 	}
 	return st, nil
-}
-
-// repair handles a gap before the live batch b: it replays the pod's
-// batches from seq from up to b's, applies them, then applies b.
-func (w *worker) repair(ctx context.Context, m *transport.Message, b *events.Batch, src indexer.Source, name string, st *podState, from uint64) {
-	p := w.p
-	p.m.gaps.WithLabelValues(name).Inc()
-	cur := b.Seq
-	result := ReplayUnavailable
-	ep := p.replayEndpoint(m.Source, name)
-	var rerr error
-	if ep != "" && p.rp != nil {
-		next := from
-		complete := true
-		rctx, cancel := context.WithTimeout(ctx, p.opts.ReplayTimeout)
-		rerr = p.rp.Replay(rctx, ep, from, func(seq uint64, topic, payload []byte) error {
-			if seq < next || seq >= cur {
-				return nil // not missing, or before what is missing
-			}
-			if topic == nil {
-				topic = b.Topic // a reply without a topic frame is the pod's own
-			}
-			var seqf [8]byte
-			binary.BigEndian.PutUint64(seqf[:], seq)
-			rb := &w.rb
-			if err := events.Decode(topic, seqf[:], payload, rb); err != nil {
-				p.m.decodeErrors.WithLabelValues(ep).Inc()
-				p.log.Debug("replayed batch dropped: does not decode", "replay", ep, "seq", seq, "err", err)
-				return nil
-			}
-			if pod, _ := indexer.PodName(rb.Topic, rb.DPRank, src); pod != name {
-				return nil // another pod of the same publisher
-			}
-			if seq > next {
-				complete = false
-			}
-			w.apply(ctx, rb, src, name, st)
-			next = seq + 1
-			return nil
-		})
-		cancel()
-		switch {
-		case rerr != nil:
-			result = ReplayError
-		case !complete || next < cur:
-			result = ReplayIncomplete
-		default:
-			result = ReplayOK
-		}
-	}
-	p.m.replays.WithLabelValues(name, result).Inc()
-	w.apply(ctx, b, src, name, st)
-	if result == ReplayOK {
-		p.ix.SetStale(name, false)
-		p.log.Info("seq gap repaired from replay", "pod", name, "from", from, "seq", cur, "resync", m.Resync)
-		return
-	}
-	p.ix.SetStale(name, true)
-	p.log.Warn("seq gap not repaired: pod marked stale", "pod", name, "from", from, "seq", cur,
-		"resync", m.Resync, "replay", ep, "result", result, "err", rerr)
-}
-
-// apply applies one batch and records its seq.
-func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source, name string, st *podState) {
-	p := w.p
-	if err := p.ix.Apply(ctx, b, src); err != nil {
-		p.ix.SetStale(name, true)
-		if reason := indexer.RefusedReason(err); reason != "" {
-			p.m.dropped.WithLabelValues(reason, st.source).Inc()
-			if ok, suppressed := p.refusals.Allow(); ok {
-				p.log.Warn("batch refused: pod marked stale", "pod", name, "seq", b.Seq, "reason", reason, "err", err, "refusals_not_logged", suppressed)
-			}
-		} else {
-			p.m.applyErrors.WithLabelValues(name).Inc()
-			p.log.Warn("batch not applied: pod marked stale", "pod", name, "seq", b.Seq, "err", err)
-		}
-	}
-	st.last, st.known = b.Seq, true
-	p.m.batches.Inc()
-	p.applied.Add(1)
-	p.appliedEvents.Add(uint64(len(b.Events)))
-	if b.TS > 0 {
-		lag := time.Since(time.Unix(0, int64(b.TS*1e9))).Seconds()
-		p.m.lag.Observe(max(lag, 0))
-	}
 }

@@ -74,7 +74,7 @@ func TestClientIncomplete(t *testing.T) {
 		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
 	}
 	b := &events.Batch{Topic: []byte("kv@10.0.0.1:8000@m"), Seq: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: keys}}}
-	if err := ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
+	if _, err := ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := rpc.New(ix, rpc.DefaultOptions())

@@ -94,7 +94,7 @@ func startServer() (addr string, stop func()) {
 	for pod, n := range map[string]int{"10.0.0.1:8000": len(hashes), "10.0.0.2:8000": 2} {
 		b := &events.Batch{Topic: []byte("kv@" + pod + "@sim-model"), Seq: 1,
 			Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes[:n]}}}
-		if err := ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
+		if _, err := ix.Apply(context.Background(), b, indexer.Source{}); err != nil {
 			log.Fatal(err)
 		}
 	}

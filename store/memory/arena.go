@@ -6,13 +6,13 @@ import (
 )
 
 // The arena holds the store's records: a mixed key and its holders word,
-// 16 bytes. The keys of one Add get consecutive records, so the blocks of a
+// 16 bytes. The keys of one OpAdd get consecutive records, so the blocks of a
 // prompt lie together in the order a lookup walks them; a lookup checks
 // the record after the last one it matched before it asks the index, and
 // reads a prompt stored in one piece as one run of memory.
 //
 // Records live in segments of segSize. The segment being filled is the
-// head; Add takes ranges from it. A record holds one key for the whole life
+// head; adds take ranges from it. A record holds one key for the whole life
 // of its segment: it is written once, its word then changes as holders come
 // and go, and it is dead once its word is 0. A segment left with fewer
 // than compactNum/compactDen of its records live is compacted: its live
@@ -237,7 +237,7 @@ func (a *arena) released(s *segment, n int) {
 	a.mu.Lock()
 	if !s.sealed.Load() && a.head == s && s.live.Load() == 0 {
 		// Every record of the head is dead: leave it, for compaction to
-		// drop, rather than keep it for the next Add.
+		// drop, rather than keep it for the next add.
 		s.sealed.Store(true)
 		a.head = nil
 	}
@@ -262,7 +262,7 @@ func (a *arena) wasteful() bool {
 }
 
 // takeSparse returns a segment to compact, or nil when there is none (no
-// Add still filling it) or a compaction is running. It takes the segment
+// add still filling it) or a compaction is running. It takes the segment
 // queued first: when blocks are evicted or removed oldest first, as engines
 // do, it is the emptiest by now, and the cheapest to compact.
 func (a *arena) takeSparse() *segment {

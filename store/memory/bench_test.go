@@ -54,14 +54,42 @@ func splitmix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// fill adds blocks/promptLen prompts to s, prompt p held by pod p%100.
+// fill adds blocks/promptLen prompts to s, prompt p held by pod p%100,
+// a batch a prompt.
 func fill(tb testing.TB, s store.Store, blocks int) {
 	buf := make([]uint64, promptLen)
+	var ap applier
 	for p := range blocks / promptLen {
-		if err := s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, promptKeys(buf, p)); err != nil {
-			tb.Fatal(err)
-		}
+		ap.apply(tb, s, p%benchPods, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: promptKeys(buf, p)})
 	}
+}
+
+// applier applies ops to the benchmark's pods, an op a batch, each pod's
+// batches at consecutive seqs. It allocates nothing.
+type applier struct {
+	names []string // podNames when nil
+	seqs  []uint64 // by pod index
+	b     store.Batch
+	ops   [1]store.Op
+}
+
+// apply applies op as pod's next batch and returns what Apply did.
+func (ap *applier) apply(tb testing.TB, s store.Store, pod int, op store.Op) store.Result {
+	names := ap.names
+	if names == nil {
+		names = podNames
+	}
+	if ap.seqs == nil {
+		ap.seqs = make([]uint64, len(names))
+		ap.b.Ops = ap.ops[:]
+	}
+	ap.seqs[pod]++
+	ap.b.Seq, ap.ops[0] = ap.seqs[pod], op
+	res, err := s.Apply(context.Background(), names[pod], &ap.b)
+	if err != nil || res.Duplicate {
+		tb.Fatalf("Apply(%s) = %+v, %v", names[pod], res, err)
+	}
+	return res
 }
 
 type benchIndex struct {
@@ -162,8 +190,8 @@ func BenchmarkLookup(b *testing.B) {
 // pieces of 16 blocks (as chunked prefill stores them) or of one block
 // (as decoding does), the pieces of different prompts interleaved. Each
 // piece but the first is added after its parent, as the indexer does for
-// a BlockStored event with a parent; /unchained adds them with Add, the
-// worst case.
+// a BlockStored event with a parent; /unchained adds them without their
+// parent, the worst case.
 func BenchmarkLookupPieces(b *testing.B) {
 	for _, bc := range []struct {
 		piece   int
@@ -182,19 +210,15 @@ func BenchmarkLookupPieces(b *testing.B) {
 			}
 			prompts := blocks / promptLen
 			buf := make([]uint64, promptLen)
+			var ap applier
 			for at := 0; at < promptLen; at += piece {
 				for p := range prompts {
 					all := promptKeys(buf, p)
-					keys := all[at : at+piece]
-					var err error
+					op := store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: all[at : at+piece]}
 					if bc.chained && at > 0 {
-						err = s.AddAfter(context.Background(), podNames[p%benchPods], store.TierGPU, all[at-1], keys)
-					} else {
-						err = s.Add(context.Background(), podNames[p%benchPods], store.TierGPU, keys)
+						op.Parent, op.HasParent = all[at-1], true
 					}
-					if err != nil {
-						b.Fatal(err)
-					}
+					ap.apply(b, s, p%benchPods, op)
 				}
 			}
 			runtime.GC()
@@ -211,9 +235,8 @@ func BenchmarkLookupCached(b *testing.B) {
 		b.Fatal(err)
 	}
 	q := promptKeys(make([]uint64, promptLen), 0)
-	if err := s.Add(context.Background(), podNames[0], store.TierGPU, q); err != nil {
-		b.Fatal(err)
-	}
+	var ap applier
+	ap.apply(b, s, 0, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: q})
 	out := make([]store.Match, 0, 1)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -376,7 +399,8 @@ func BenchmarkLookupAdjacentBaseline(b *testing.B) {
 
 // BenchmarkApply adds and removes blocks at a steady size of 1Mi blocks:
 // each op stores batch new blocks for a pod and removes the batch stored
-// benchApplyN/batch ops earlier, as BlockStored and BlockRemoved do.
+// benchApplyN/batch ops earlier, as BlockStored and BlockRemoved do, each
+// a batch of its own (two Applies an op).
 func BenchmarkApply(b *testing.B) {
 	for _, batch := range []int{1, 16, 128} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
@@ -384,7 +408,6 @@ func BenchmarkApply(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ctx := context.Background()
 			keys := func(buf []uint64, n int) []uint64 {
 				for j := range buf {
 					buf[j] = splitmix(uint64(n*batch + j))
@@ -393,21 +416,18 @@ func BenchmarkApply(b *testing.B) {
 			}
 			add, rm := make([]uint64, batch), make([]uint64, batch)
 			lag := benchApplyN / batch
+			var ap applier
 			for n := range lag {
-				if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, keys(add, n)); err != nil {
-					b.Fatal(err)
-				}
+				ap.apply(b, s, n%benchPods, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: keys(add, n)})
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
 			for i := range b.N {
 				n := lag + i
-				if err := s.Add(ctx, podNames[n%benchPods], store.TierGPU, keys(add, n)); err != nil {
-					b.Fatal(err)
-				}
-				if k, err := s.Remove(ctx, podNames[i%benchPods], store.TierGPU, keys(rm, i)); err != nil || k != batch {
-					b.Fatalf("Remove = %d, %v; want %d", k, err, batch)
+				ap.apply(b, s, n%benchPods, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: keys(add, n)})
+				if res := ap.apply(b, s, i%benchPods, store.Op{Kind: store.OpRemove, Tier: store.TierGPU, Keys: keys(rm, i)}); res.Removed != batch {
+					b.Fatalf("Apply(remove) = %+v; want %d removed", res, batch)
 				}
 			}
 			b.ReportMetric(float64(2*batch*b.N)/time.Since(start).Seconds(), "blocks/s")
@@ -419,18 +439,19 @@ func BenchmarkApply(b *testing.B) {
 // block stored evicts one. The 100 pods take turns, so each holds its
 // fair share, give or take a block.
 func BenchmarkApplyFull(b *testing.B) {
-	benchApplyFull(b, func(n int) string { return podNames[n%benchPods] })
+	benchApplyFull(b, nil, func(n int) int { return n % benchPods })
 }
 
 // BenchmarkApplyFullFlood is BenchmarkApplyFull with one pod adding as
 // much as the 100 others together: it is over its fair share, and its own
 // blocks make room.
 func BenchmarkApplyFullFlood(b *testing.B) {
-	benchApplyFull(b, func(n int) string {
+	names := append(slices.Clone(podNames), "flood")
+	benchApplyFull(b, names, func(n int) int {
 		if n%2 == 0 {
-			return "flood"
+			return benchPods
 		}
-		return podNames[n/2%benchPods]
+		return n / 2 % benchPods
 	})
 }
 
@@ -442,26 +463,25 @@ func BenchmarkApplyFullManyPods(b *testing.B) {
 	for i := range names {
 		names[i] = fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256)
 	}
-	benchApplyFull(b, func(n int) string { return names[n%len(names)] })
+	benchApplyFull(b, names, func(n int) int { return n % len(names) })
 }
 
 // benchApplyFull fills a store of 1Mi blocks twice over, then adds b.N
-// batches of 16 new blocks, batch n by pod(n).
-func benchApplyFull(b *testing.B, pod func(n int) string) {
+// batches of 16 new blocks, batch n by names[pod(n)] (podNames when
+// names is nil).
+func benchApplyFull(b *testing.B, names []string, pod func(n int) int) {
 	const batch = 16
 	s, err := memory.New(memory.Options{CapacityBlocks: benchApplyN})
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
 	buf := make([]uint64, batch)
+	ap := applier{names: names}
 	addN := func(n int) {
 		for j := range buf {
 			buf[j] = splitmix(uint64(n*batch + j))
 		}
-		if err := s.Add(ctx, pod(n), store.TierGPU, buf); err != nil {
-			b.Fatal(err)
-		}
+		ap.apply(b, s, pod(n), store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: buf})
 	}
 	for n := range 2 * benchApplyN / batch {
 		addN(n)
@@ -502,6 +522,51 @@ func BenchmarkMemory(b *testing.B) {
 				b.Fatalf("stats %+v after adding %d blocks", st, size.blocks)
 			}
 		})
+	}
+}
+
+// BenchmarkMemoryEnginePairs is BenchmarkMemory/1M in tokens key mode:
+// every block is stored with its engine hash, so the pods' engine-hash
+// maps hold a pair a block. It reports the heap per block, pairs
+// included, and the pairs' share of it apart.
+func BenchmarkMemoryEnginePairs(b *testing.B) {
+	const blocks = 1 << 20
+	measure := func(pairs bool) (float64, memory.Stats) {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s, err := memory.New(memory.Options{CapacityBlocks: 2 * blocks})
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf, eng := make([]uint64, promptLen), make([]uint64, promptLen)
+		var ap applier
+		for p := range blocks / promptLen {
+			op := store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: promptKeys(buf, p)}
+			if pairs {
+				for j, k := range op.Keys {
+					eng[j] = ^k
+				}
+				op.Engine = eng
+			}
+			ap.apply(b, s, p%benchPods, op)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		st := s.Stats()
+		runtime.KeepAlive(s)
+		return float64(after.HeapInuse - before.HeapInuse), st
+	}
+	for range b.N {
+		plain, _ := measure(false)
+		with, st := measure(true)
+		if st.EnginePairs != blocks || st.Blocks != blocks {
+			b.Fatalf("stats %+v", st)
+		}
+		n := float64(st.Blocks)
+		b.ReportMetric(with/n, "heapinuse-B/block")
+		b.ReportMetric((with-plain)/n, "pairs-B/block")
+		b.ReportMetric(float64(st.Bytes)/n, "estimate-B/block")
 	}
 }
 

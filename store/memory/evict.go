@@ -12,7 +12,7 @@ type podStats struct {
 	capacity int64        // the store's
 	ids      atomic.Int32 // ids handed out so far: the others are all 0
 	holding  atomic.Int32 // pods with held above 0
-	// held counts each pod's holdings. An Add adds what it gained once a
+	// held counts each pod's holdings. An OpAdd adds what it gained once a
 	// run of keys, and before it evicts (adder).
 	held [MaxPods]atomic.Int64
 	// cache is the pod's cache size set by SetCacheBlocks (0 for none),
@@ -29,10 +29,13 @@ type podStats struct {
 	// shard looks at.
 	top atomic.Uint32
 	// evicted counts the pod's holdings evicted to make room, and the keys
-	// it added that could not be stored, since it was given its id. It has
-	// its own array so that the lookups that read it do not share cache
-	// lines with the writes to held.
+	// it added that could not be stored, since it was last cleared or given
+	// its id. It has its own array so that the lookups that read it do not
+	// share cache lines with the writes to held.
 	evicted [MaxPods]atomic.Int64
+	// stale is the pod's stale mark (Store.SetStale), which every match
+	// reports: one load.
+	stale [MaxPods]atomic.Bool
 }
 
 // addHeld adds n to pod id's holdings, keeping holding and over up to
@@ -100,12 +103,19 @@ func (p *podStats) learn(id uint16, n int64) {
 // size is cache. It holds nothing yet.
 func (p *podStats) reset(id uint16, cache int64) {
 	p.cache[id].Store(cache)
-	p.learned[id].Store(0)
-	p.evicted[id].Store(0)
-	p.over[id/64].And(^(1 << (id % 64)))
+	p.stale[id].Store(false)
+	p.cleared(id)
 	if int32(id) >= p.ids.Load() {
 		p.ids.Store(int32(id) + 1)
 	}
+}
+
+// cleared forgets what pod id's blocks taught: its learned cache size and
+// its evictions. Its blocks are gone (OpClear), or it has none yet.
+func (p *podStats) cleared(id uint16) {
+	p.learned[id].Store(0)
+	p.evicted[id].Store(0)
+	p.over[id/64].And(^(1 << (id % 64)))
 }
 
 // share returns the fair share of the store's capacity when pod id adds a
@@ -131,7 +141,7 @@ func (p *podStats) excess(id uint16, share int64) (int64, reason) {
 	return held - share, reasonFairShare
 }
 
-// adder is one Add's state, which the shards it adds to share: the pod,
+// adder is one OpAdd's state, which the shards it adds to share: the pod,
 // the holdings it gained and has not yet added to podStats.held, and what
 // it evicted and skipped.
 type adder struct {

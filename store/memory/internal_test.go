@@ -39,7 +39,7 @@ func TestLookupWaitsForWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []uint64{11, 12, 13}
-	if err := s.Add(ctx, "a", store.TierCPU, keys); err != nil {
+	if err := testAdd(s, "a", store.TierCPU, keys); err != nil {
 		t.Fatal(err)
 	}
 	sh := s.shard(mix(keys[1]))
@@ -68,10 +68,10 @@ func TestLookupAges(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []uint64{21, 22, 23, 24, 25}
-	if err := s.Add(ctx, "a", store.TierGPU, keys[:3]); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, keys[:3]); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "b", store.TierGPU, keys[3:]); err != nil {
+	if err := testAdd(s, "b", store.TierGPU, keys[3:]); err != nil {
 		t.Fatal(err)
 	}
 	age := func(k uint64) uint64 {
@@ -125,18 +125,18 @@ func TestShrink(t *testing.T) {
 	for i := range keys {
 		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
-	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, keys); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "b", store.TierDisk, keys[:10]); err != nil {
+	if err := testAdd(s, "b", store.TierDisk, keys[:10]); err != nil {
 		t.Fatal(err)
 	}
 	full := s.Stats().Bytes
-	if n, err := s.Remove(ctx, "a", store.TierGPU, keys[:48000]); err != nil || n != 48000 {
+	if n, err := testRemove(s, "a", store.TierGPU, keys[:48000]); err != nil || n != 48000 {
 		t.Fatalf("Remove = %d, %v", n, err)
 	}
 	checkInvariants(t, s)
-	if err := s.ClearPod(ctx, "a"); err != nil {
+	if err := s.ForgetPod(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	checkInvariants(t, s)
@@ -171,18 +171,33 @@ func TestConcurrentStress(t *testing.T) {
 				pod := fmt.Sprintf("w%d-%d", w, rng.IntN(8))
 				from := rng.IntN(len(universe) - 64)
 				keys := universe[from : from+1+rng.IntN(63)]
+				hashes := make([]uint64, len(keys))
+				for j, k := range keys {
+					hashes[j] = ^k
+				}
+				tier := store.Tier(rng.IntN(3))
 				var err error
 				switch {
 				case i%50 == 49:
-					err = s.ClearPod(ctx, pod)
+					err = s.ForgetPod(ctx, pod)
+				case i%50 == 24:
+					err = testClear(s, pod)
+				case i%10 == 7:
+					err = s.SetStale(ctx, pod, rng.IntN(2) == 0)
 				case rng.IntN(3) == 0:
-					_, err = s.Remove(ctx, pod, store.Tier(rng.IntN(3)), keys)
+					_, err = testRemove(s, pod, tier, keys)
+				case rng.IntN(4) == 0:
+					// Tokens mode: pairs, then blocks named by hash.
+					_, err = applyOps(s, pod,
+						store.Op{Kind: store.OpAdd, Tier: tier, Keys: keys, Engine: hashes},
+						store.Op{Kind: store.OpAdd, Tier: store.Tier(rng.IntN(3)), Engine: hashes[:len(hashes)/2]},
+						store.Op{Kind: store.OpRemove, Tier: store.Tier(rng.IntN(3)), Engine: hashes[len(hashes)/3:]})
 				case from > 0 && rng.IntN(2) == 0:
 					// Continuing the chain before it, which another writer
 					// may be continuing too.
-					err = s.AddAfter(ctx, pod, store.Tier(rng.IntN(3)), universe[from-1], keys[:1+rng.IntN(len(keys))])
+					err = testAddAfter(s, pod, tier, universe[from-1], keys[:1+rng.IntN(len(keys))])
 				default:
-					err = s.Add(ctx, pod, store.Tier(rng.IntN(3)), keys)
+					err = testAdd(s, pod, tier, keys)
 				}
 				if err != nil {
 					t.Error(err)
@@ -257,10 +272,10 @@ func TestCompactionUnderLookups(t *testing.T) {
 	for p := range stay {
 		stay[p] = prompt(p)
 		for i := 0; i < promptLen; i += 16 {
-			if err := s.Add(ctx, "keep", store.TierGPU, stay[p][i:i+16]); err != nil {
+			if err := testAdd(s, "keep", store.TierGPU, stay[p][i:i+16]); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Add(ctx, "churn", store.TierGPU, prompt(1000+p*4+i/16)); err != nil {
+			if err := testAdd(s, "churn", store.TierGPU, prompt(1000+p*4+i/16)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -302,18 +317,18 @@ func TestCompactionUnderLookups(t *testing.T) {
 	first := where(stay[0][0])
 	for round := range 300 {
 		p := 2000 + round
-		if err := s.Add(ctx, "churn", store.TierGPU, prompt(p)); err != nil {
+		if err := testAdd(s, "churn", store.TierGPU, prompt(p)); err != nil {
 			t.Fatal(err)
 		}
 		if round >= 20 {
-			if _, err := s.Remove(ctx, "churn", store.TierGPU, prompt(p-20)); err != nil {
+			if _, err := testRemove(s, "churn", store.TierGPU, prompt(p-20)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if round == 0 {
 			// The first churned prompts, stored among those that stay.
 			for q := 1000; q < 1040; q++ {
-				if _, err := s.Remove(ctx, "churn", store.TierGPU, prompt(q)); err != nil {
+				if _, err := testRemove(s, "churn", store.TierGPU, prompt(q)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -345,7 +360,7 @@ func TestArenaFull(t *testing.T) {
 	for i := range keys {
 		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
-	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, keys); err != nil {
 		t.Fatal(err)
 	}
 	st := s.Stats()
@@ -355,7 +370,7 @@ func TestArenaFull(t *testing.T) {
 	checkInvariants(t, s)
 	// Free most records of both segments: compaction has no third segment
 	// to move the rest to, and must leave them where they are.
-	if _, err := s.Remove(ctx, "a", store.TierGPU, keys[100:st.Keys-100]); err != nil {
+	if _, err := testRemove(s, "a", store.TierGPU, keys[100:st.Keys-100]); err != nil {
 		t.Fatal(err)
 	}
 	checkInvariants(t, s)
@@ -370,7 +385,6 @@ func TestArenaFull(t *testing.T) {
 // before the move does: the moved words read as dead, and the lookup must
 // find the keys through the index, not call them absent.
 func TestFetchFromMovedRecords(t *testing.T) {
-	ctx := context.Background()
 	s, err := New(Options{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -379,14 +393,14 @@ func TestFetchFromMovedRecords(t *testing.T) {
 	for i := range keys {
 		keys[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 	}
-	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, keys); err != nil {
 		t.Fatal(err)
 	}
 	filler := make([]uint64, segSize)
 	for i := range filler {
 		filler[i] = uint64(i+1000) * 0xbf58476d1ce4e5b9
 	}
-	if err := s.Add(ctx, "b", store.TierGPU, filler); err != nil {
+	if err := testAdd(s, "b", store.TierGPU, filler); err != nil {
 		t.Fatal(err)
 	}
 	h := mix(keys[0])
@@ -394,7 +408,7 @@ func TestFetchFromMovedRecords(t *testing.T) {
 	if !ok {
 		t.Fatal("first key not found")
 	}
-	if _, err := s.Remove(ctx, "b", store.TierGPU, filler); err != nil {
+	if _, err := testRemove(s, "b", store.TierGPU, filler); err != nil {
 		t.Fatal(err)
 	}
 	for s.compact() {
@@ -419,11 +433,11 @@ func holdsInline(w uint64, id uint16) bool {
 	return w&ovfFlag == 0 && ok
 }
 
-// TestAddAfterKeepsChainsTogether stores two requests' blocks as decoding
+// TestParentKeepsChainsTogether stores two requests' blocks as decoding
 // does, one at a time and interleaved, after a prefill each: every block's
 // record follows its parent's while the reserve lasts, and a new run
 // starts when it is used up.
-func TestAddAfterKeepsChainsTogether(t *testing.T) {
+func TestParentKeepsChainsTogether(t *testing.T) {
 	ctx := context.Background()
 	s, err := New(Options{Shards: 4})
 	if err != nil {
@@ -444,17 +458,17 @@ func TestAddAfterKeepsChainsTogether(t *testing.T) {
 		a[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 		b[i] = uint64(i+1) * 0xbf58476d1ce4e5b9
 	}
-	if err := s.Add(ctx, "p", store.TierGPU, a[:8]); err != nil {
+	if err := testAdd(s, "p", store.TierGPU, a[:8]); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "q", store.TierGPU, b[:8]); err != nil {
+	if err := testAdd(s, "q", store.TierGPU, b[:8]); err != nil {
 		t.Fatal(err)
 	}
 	for i := 8; i < len(a); i++ {
-		if err := s.AddAfter(ctx, "p", store.TierGPU, a[i-1], a[i:i+1]); err != nil {
+		if err := testAddAfter(s, "p", store.TierGPU, a[i-1], a[i:i+1]); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.AddAfter(ctx, "q", store.TierGPU, b[i-1], b[i:i+1]); err != nil {
+		if err := testAddAfter(s, "q", store.TierGPU, b[i-1], b[i:i+1]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -479,15 +493,14 @@ func TestAddAfterKeepsChainsTogether(t *testing.T) {
 }
 
 // TestCacheSizesBounded sets cache sizes for more pods than there are ids:
-// the store keeps at most MaxPods, making room with pods that have no id,
-// and a pod's size reaches it when it gets an id.
+// the store keeps at most MaxPods, making room with pods it does not know,
+// and a pod's size reaches it when it becomes known.
 func TestCacheSizesBounded(t *testing.T) {
-	ctx := context.Background()
 	s, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "live", store.TierGPU, []uint64{1}); err != nil {
+	if err := testAdd(s, "live", store.TierGPU, []uint64{1}); err != nil {
 		t.Fatal(err)
 	}
 	s.SetCacheBlocks("live", 100)
@@ -498,7 +511,7 @@ func TestCacheSizesBounded(t *testing.T) {
 		t.Fatalf("%d cache sizes kept, live's %d; want at most %d and 100", n, s.cacheSizes["live"], MaxPods)
 	}
 	last := fmt.Sprintf("pod-%d", MaxPods+99)
-	if err := s.Add(ctx, last, store.TierGPU, []uint64{2}); err != nil {
+	if err := testAdd(s, last, store.TierGPU, []uint64{2}); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.pods.cache[s.ids[last]].Load(); got != MaxPods+109 {

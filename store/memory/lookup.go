@@ -12,7 +12,7 @@ import (
 )
 
 // A lookup reads its keys in chunks. The records of keys stored by one
-// Add are consecutive in the arena, so a lookup first checks the record
+// OpAdd are consecutive in the arena, so a lookup first checks the record
 // after the last one it matched: a prompt stored in one piece is found
 // with one probe of the index and a sequential read of its records. A key
 // that is not there costs a probe of the index; when that happens more
@@ -217,7 +217,13 @@ func (s *Store) walk(sc *scratch, keys []uint64, pods []string, out []store.Matc
 // match is candidate c's answer, a run of i blocks. A pod some of whose
 // blocks were evicted may hold more than the store knows.
 func (s *Store) match(c *candidate, i int) store.Match {
-	return store.Match{Pod: s.names[c.id], Blocks: i, TierBlocks: c.tiers, Incomplete: s.pods.evicted[c.id].Load() > 0}
+	return store.Match{
+		Pod:        s.names[c.id],
+		Blocks:     i,
+		TierBlocks: c.tiers,
+		Incomplete: s.pods.evicted[c.id].Load() > 0,
+		Stale:      s.pods.stale[c.id].Load(),
+	}
 }
 
 // fetch reads the holders of keys (at most maxChunk) into sc, each from

@@ -68,63 +68,128 @@ func TestOptions(t *testing.T) {
 	}
 }
 
+// TestTooManyPods fills the store with MaxPods pods: another is refused,
+// whole, until a pod is forgotten. A pod that holds nothing but has a seq
+// or a stale mark counts; one left with nothing at all does not.
 func TestTooManyPods(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, memory.Options{})
 	pod := func(i int) string { return fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256) }
 	for i := range memory.MaxPods {
-		if err := s.Add(ctx, pod(i), store.TierGPU, []uint64{uint64(i)}); err != nil {
+		if err := testAdd(s, pod(i), store.TierGPU, []uint64{uint64(i)}); err != nil {
 			t.Fatalf("Add for pod %d: %v", i, err)
 		}
 	}
-	err := s.Add(ctx, "one-too-many", store.TierGPU, []uint64{1, 2})
-	if !errors.Is(err, memory.ErrTooManyPods) {
-		t.Fatalf("Add for pod %d: %v, want ErrTooManyPods", memory.MaxPods, err)
+	full := func(what, name string) {
+		t.Helper()
+		if err := testAdd(s, name, store.TierGPU, []uint64{1, 2}); !errors.Is(err, memory.ErrTooManyPods) {
+			t.Fatalf("%s: Add for one pod too many: %v, want ErrTooManyPods", what, err)
+		}
+		if err := s.SetStale(ctx, name, true); !errors.Is(err, memory.ErrTooManyPods) {
+			t.Fatalf("%s: SetStale for one pod too many: %v, want ErrTooManyPods", what, err)
+		}
+		if _, ok, _ := s.AppliedSeq(ctx, name); ok {
+			t.Fatalf("%s: the pod refused has a seq", what)
+		}
 	}
+	full("full", "one-too-many")
 	if st := s.Stats(); st.Skipped != 2 || st.Blocks != memory.MaxPods {
 		t.Fatalf("stats %+v, want 2 skipped and %d blocks", st, memory.MaxPods)
 	}
-	// A pod whose last block is removed gives its id back when one is needed.
-	if n, err := s.Remove(ctx, pod(7), store.TierGPU, []uint64{7}); n != 1 || err != nil {
+	// A pod whose last block is removed is still known, by its seq.
+	if n, err := testRemove(s, pod(7), store.TierGPU, []uint64{7}); n != 1 || err != nil {
 		t.Fatalf("Remove = %d, %v", n, err)
 	}
-	if err := s.Add(ctx, "one-too-many", store.TierGPU, []uint64{1, 2}); err != nil {
-		t.Fatalf("Add after a pod emptied: %v", err)
-	}
-	// So does a cleared pod.
-	if err := s.ClearPod(ctx, pod(9)); err != nil {
+	full("a pod emptied", "one-too-many")
+	// A forgotten pod makes room.
+	if err := s.ForgetPod(ctx, pod(9)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "another", store.TierGPU, []uint64{3}); err != nil {
-		t.Fatalf("Add after ClearPod: %v", err)
+	if err := testAdd(s, "one-too-many", store.TierGPU, []uint64{1, 2}); err != nil {
+		t.Fatalf("Add after ForgetPod: %v", err)
 	}
+	// A pod known by its stale mark alone takes room until it is lifted.
+	if err := s.ForgetPod(ctx, pod(10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetStale(ctx, "marked", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := testAdd(s, "another", store.TierGPU, []uint64{3}); !errors.Is(err, memory.ErrTooManyPods) {
+		t.Fatalf("Add with a pod known by its mark: %v, want ErrTooManyPods", err)
+	}
+	if err := s.SetStale(ctx, "marked", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := testAdd(s, "another", store.TierGPU, []uint64{3}); err != nil {
+		t.Fatalf("Add after the mark was lifted: %v", err)
+	}
+	// A new pod whose first batch fails before it changes anything is
+	// not kept.
+	if err := s.ForgetPod(ctx, pod(11)); err != nil {
+		t.Fatal(err)
+	}
+	cctx := &cancelAfter{Context: ctx, after: 1}
+	b := &store.Batch{Seq: 1, Ops: []store.Op{{Kind: store.OpRemove, Keys: []uint64{5}}, {Kind: store.OpAdd, Keys: []uint64{5}}}}
+	if _, err := s.Apply(cctx, "flaky", b); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Apply canceled between ops: %v", err)
+	}
+	if p := podInfo(t, s, "flaky"); p != (store.PodInfo{}) {
+		t.Fatalf("Pods lists the pod whose first batch failed: %+v", p)
+	}
+	if err := testAdd(s, "yet-another", store.TierGPU, []uint64{4}); err != nil {
+		t.Fatalf("Add after a failed first batch: %v", err)
+	}
+	full("full again", "one-more")
 	got := lookupOne(t, s, []uint64{1, 2}, nil)
 	want := map[string]int{"one-too-many": 2, pod(1): 1}
 	if !maps.Equal(got, want) {
 		t.Fatalf("Lookup = %v, want %v", got, want)
 	}
-	if err := s.ClearPod(ctx, pod(7)); err != nil {
-		t.Fatal(err)
+	if st := s.Stats(); st.Pods != memory.MaxPods {
+		t.Fatalf("stats %+v, want %d pods", st, memory.MaxPods)
 	}
 }
 
-// TestPodChurn clears and adds many more pods than there are ids.
+// cancelAfter is a context that reports context.Canceled from its
+// (after+1)th Err on.
+type cancelAfter struct {
+	context.Context
+	after, calls int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.calls++; c.calls > c.after {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestPodChurn adds many more pods than there are ids, forgetting most of
+// them: their ids are reused.
 func TestPodChurn(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, memory.Options{CapacityBlocks: 1 << 12})
+	kept := 0
 	for i := range 3 * memory.MaxPods {
 		pod := fmt.Sprintf("pod-%d", i)
-		if err := s.Add(ctx, pod, store.TierGPU, []uint64{uint64(i), uint64(i + 1)}); err != nil {
+		if err := testAdd(s, pod, store.TierGPU, []uint64{uint64(i), uint64(i + 1)}); err != nil {
 			t.Fatalf("Add %s: %v", pod, err)
 		}
-		if i%3 != 0 {
-			if err := s.ClearPod(ctx, pod); err != nil {
+		if i%4 != 0 {
+			if err := s.ForgetPod(ctx, pod); err != nil {
 				t.Fatal(err)
 			}
+			continue
 		}
+		kept++
 	}
-	if st := s.Stats(); st.Blocks > 1<<12 || st.Pods > memory.MaxPods {
-		t.Fatalf("stats %+v", st)
+	ps, err := s.Pods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Blocks > 1<<12 || st.Pods != kept || len(ps) != kept {
+		t.Fatalf("stats %+v, %d pods listed; want %d pods", st, len(ps), kept)
 	}
 }
 
@@ -144,18 +209,17 @@ func lookupOne(t *testing.T, s *memory.Store, keys []uint64, pods []string) map[
 // TestCapacitySkips fills a store of one block: a key's own holders cannot
 // be evicted to make room for another holder of it.
 func TestCapacitySkips(t *testing.T) {
-	ctx := context.Background()
 	s := newStore(t, memory.Options{CapacityBlocks: 1})
-	if err := s.Add(ctx, "a", store.TierGPU, []uint64{5}); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, []uint64{5}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "b", store.TierGPU, []uint64{5}); err != nil {
+	if err := testAdd(s, "b", store.TierGPU, []uint64{5}); err != nil {
 		t.Fatal(err)
 	}
 	if got := lookupOne(t, s, []uint64{5}, nil); !maps.Equal(got, map[string]int{"a": 1}) {
 		t.Fatalf("Lookup = %v", got)
 	}
-	if err := s.Add(ctx, "b", store.TierGPU, []uint64{6}); err != nil {
+	if err := testAdd(s, "b", store.TierGPU, []uint64{6}); err != nil {
 		t.Fatal(err)
 	}
 	if got := lookupOne(t, s, []uint64{6}, nil); !maps.Equal(got, map[string]int{"b": 1}) {
@@ -180,7 +244,7 @@ func TestEvictionKeepsMatchedBlocks(t *testing.T) {
 			hot := storetest.Keys(1, capacity/8)
 			cold := storetest.Keys(2, capacity/2)
 			for _, ks := range [][]uint64{hot, cold} {
-				if err := s.Add(ctx, "a", store.TierGPU, ks); err != nil {
+				if err := testAdd(s, "a", store.TierGPU, ks); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -188,7 +252,7 @@ func TestEvictionKeepsMatchedBlocks(t *testing.T) {
 				if _, err := s.Lookup(ctx, hot, nil, nil); err != nil {
 					t.Fatal(err)
 				}
-				if err := s.Add(ctx, flooder, store.TierGPU, storetest.Keys(uint64(100+i), capacity/32)); err != nil {
+				if err := testAdd(s, flooder, store.TierGPU, storetest.Keys(uint64(100+i), capacity/32)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -262,16 +326,15 @@ func podInfo(t *testing.T, s *memory.Store, pod string) store.PodInfo {
 // than their share of the keys and fill before the store does.
 func fillHalves(t *testing.T, s *memory.Store, c int, seed uint64) (a, b [][]uint64) {
 	t.Helper()
-	ctx := context.Background()
 	for i := range c / 2 / 64 {
 		a = append(a, storetest.Keys(seed+uint64(i), 64))
-		if err := s.Add(ctx, "a", store.TierGPU, a[i]); err != nil {
+		if err := testAdd(s, "a", store.TierGPU, a[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range c / 2 / 64 {
 		b = append(b, storetest.Keys(seed+1000+uint64(i), 64))
-		if err := s.Add(ctx, "b", store.TierGPU, b[i]); err != nil {
+		if err := testAdd(s, "b", store.TierGPU, b[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -344,10 +407,10 @@ func TestSetCacheBlocks(t *testing.T) {
 						t.Fatalf("nobody over: a %+v, whole %v; b %+v; want a whole and b's own blocks evicted", pa, whole(t, s, "a", a), pb)
 					}
 				}
-				if err := s.ClearPod(ctx, "a"); err != nil {
+				if err := s.ForgetPod(ctx, "a"); err != nil {
 					t.Fatal(err)
 				}
-				if err := s.ClearPod(ctx, "b"); err != nil {
+				if err := s.ForgetPod(ctx, "b"); err != nil {
 					t.Fatal(err)
 				}
 				if st := s.Stats(); st.Blocks != 0 {
@@ -355,7 +418,7 @@ func TestSetCacheBlocks(t *testing.T) {
 				}
 				for _, n := range []string{"a", "b"} {
 					if p := podInfo(t, s, n); p != (store.PodInfo{}) {
-						t.Fatalf("Pods after ClearPod(%s) lists %+v", n, p)
+						t.Fatalf("Pods after ForgetPod(%s) lists %+v", n, p)
 					}
 				}
 			}
@@ -368,7 +431,7 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s := newStore(t, memory.Options{CapacityBlocks: 1 << 10, Registerer: reg})
 	for i := range 40 {
-		if err := s.Add(ctx, fmt.Sprintf("p%d", i%3), store.TierGPU, storetest.Keys(uint64(i), 64)); err != nil {
+		if err := testAdd(s, fmt.Sprintf("p%d", i%3), store.TierGPU, storetest.Keys(uint64(i), 64)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -383,6 +446,7 @@ func TestMetrics(t *testing.T) {
 		"prefixd_store_keys":                          float64(st.Keys),
 		"prefixd_store_pods":                          3,
 		"prefixd_store_capacity_blocks":               1 << 10,
+		"prefixd_store_engine_pairs":                  0,
 	}
 	for name, v := range want {
 		if got[name] != v {
@@ -410,14 +474,14 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	// Only pods with evictions have the series.
-	if err := s.ClearPod(ctx, "p1"); err != nil {
+	if err := s.ForgetPod(ctx, "p1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "p1", store.TierGPU, []uint64{1}); err != nil {
+	if err := testAdd(s, "p1", store.TierGPU, []uint64{1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := gather(t, reg)["prefixd_store_pod_evicted_blocks/p1"]; ok {
-		t.Errorf("prefixd_store_pod_evicted_blocks{pod=p1} reported after ClearPod")
+		t.Errorf("prefixd_store_pod_evicted_blocks{pod=p1} reported after ForgetPod")
 	}
 	if got["prefixd_store_bytes"] <= 0 {
 		t.Errorf("prefixd_store_bytes = %v", got["prefixd_store_bytes"])
@@ -441,13 +505,12 @@ func TestLearnedCacheSize(t *testing.T) {
 		over bool
 	}{{store.TierGPU, true}, {store.TierCPU, false}} {
 		t.Run(tc.tier.String(), func(t *testing.T) {
-			ctx := context.Background()
 			s := newStore(t, memory.Options{CapacityBlocks: c})
 			var a [][]uint64
 			addA := func(n int) {
 				for range n / 64 {
 					a = append(a, storetest.Keys(uint64(len(a)), 64))
-					if err := s.Add(ctx, "a", store.TierGPU, a[len(a)-1]); err != nil {
+					if err := testAdd(s, "a", store.TierGPU, a[len(a)-1]); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -455,17 +518,17 @@ func TestLearnedCacheSize(t *testing.T) {
 			addA(c / 4)
 			// The last prompt's blocks move to the CPU tier.
 			gone := a[len(a)-1]
-			if err := s.Add(ctx, "a", store.TierCPU, gone); err != nil {
+			if err := testAdd(s, "a", store.TierCPU, gone); err != nil {
 				t.Fatal(err)
 			}
-			if n, err := s.Remove(ctx, "a", tc.tier, gone); err != nil || n != len(gone) {
+			if n, err := testRemove(s, "a", tc.tier, gone); err != nil || n != len(gone) {
 				t.Fatalf("Remove = %d, %v", n, err)
 			}
 			addA(c / 4)
 			var b [][]uint64
 			for i := range c / 2 / 64 {
 				b = append(b, storetest.Keys(uint64(1000+i), 64))
-				if err := s.Add(ctx, "b", store.TierGPU, b[i]); err != nil {
+				if err := testAdd(s, "b", store.TierGPU, b[i]); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -491,10 +554,10 @@ func TestEvictionSparesAddedKey(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, memory.Options{Shards: 1, CapacityBlocks: 4})
 	keys := []uint64{11, 12, 13, 14}
-	if err := s.Add(ctx, "a", store.TierGPU, keys); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, keys); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "b", store.TierGPU, keys[:1]); err != nil {
+	if err := testAdd(s, "b", store.TierGPU, keys[:1]); err != nil {
 		t.Fatal(err)
 	}
 	if got := lookupOne(t, s, keys[:1], nil); !maps.Equal(got, map[string]int{"a": 1, "b": 1}) {
@@ -526,7 +589,6 @@ func TestEvictionSparesAddedKey(t *testing.T) {
 // their share (200k/11 each) and keep every block, complete; the flooding
 // pod pays for the overflow with its own blocks.
 func TestFloodSparesOthers(t *testing.T) {
-	ctx := context.Background()
 	const capacity, pods, per, flood = 200_000, 10, 15_000, 100_000
 	s := newStore(t, memory.Options{CapacityBlocks: capacity})
 	prompts := make([][][]uint64, pods)
@@ -534,13 +596,13 @@ func TestFloodSparesOthers(t *testing.T) {
 		for i := range per / 500 {
 			keys := storetest.Keys(uint64(p<<16+i), 500)
 			prompts[p] = append(prompts[p], keys)
-			if err := s.Add(ctx, fmt.Sprintf("pod-%d", p), store.TierGPU, keys); err != nil {
+			if err := testAdd(s, fmt.Sprintf("pod-%d", p), store.TierGPU, keys); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	for i := range flood / 500 {
-		if err := s.Add(ctx, "flood", store.TierGPU, storetest.Keys(uint64(1<<24+i), 500)); err != nil {
+		if err := testAdd(s, "flood", store.TierGPU, storetest.Keys(uint64(1<<24+i), 500)); err != nil {
 			t.Fatal(err)
 		}
 	}

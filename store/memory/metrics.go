@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Reasons a key given to Add was not stored.
+// Reasons a key an OpAdd named was not stored.
 const (
 	// dropCapacity: no room could be made: the adder holds nothing in the
 	// key's shard to give up and no other pod there is over its limit
@@ -15,7 +15,7 @@ const (
 	dropPods     = "too_many_pods"
 )
 
-// reason says whose holding was evicted to make room for an Add.
+// reason says whose holding was evicted to make room for an OpAdd.
 type reason uint8
 
 const (
@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, s *Store) (*metrics, error) {
 type collector struct {
 	s                                  *Store
 	blocks, keys, pods, capacity, size *prometheus.Desc
-	podEvicted                         *prometheus.Desc
+	pairs, podEvicted                  *prometheus.Desc
 }
 
 func newCollector(s *Store) *collector {
@@ -78,11 +78,13 @@ func newCollector(s *Store) *collector {
 		s:        s,
 		blocks:   prometheus.NewDesc("prefixd_store_blocks", "(pod, key) pairs held by the in-memory index.", nil, nil),
 		keys:     prometheus.NewDesc("prefixd_store_keys", "Distinct block keys held by the in-memory index.", nil, nil),
-		pods:     prometheus.NewDesc("prefixd_store_pods", "Pods with an id in the in-memory index.", nil, nil),
+		pods:     prometheus.NewDesc("prefixd_store_pods", "Pods the in-memory index knows: with blocks, an applied seq or a stale mark.", nil, nil),
 		capacity: prometheus.NewDesc("prefixd_store_capacity_blocks", "Most (pod, key) pairs the in-memory index holds.", nil, nil),
-		size:     prometheus.NewDesc("prefixd_store_bytes", "Estimated memory of the in-memory index's tables and lists.", nil, nil),
+		size:     prometheus.NewDesc("prefixd_store_bytes", "Estimated memory of the in-memory index's tables, lists and engine-hash maps.", nil, nil),
+		pairs: prometheus.NewDesc("prefixd_store_engine_pairs",
+			"Engine hash -> key pairs the in-memory index keeps for pods in tokens key mode, those whose key a pod no longer holds and a sweep has not yet dropped included.", nil, nil),
 		podEvicted: prometheus.NewDesc("prefixd_store_pod_evicted_blocks",
-			"Blocks of the pod the in-memory index evicted, or could not store, for lack of room since the pod was last cleared; its matches are incomplete. Only pods with some are listed.",
+			"Blocks of the pod the in-memory index evicted, or could not store, for lack of room since the pod was last cleared or forgotten; its matches are incomplete. Only pods with some are listed.",
 			[]string{"pod"}, nil),
 	}
 }
@@ -93,6 +95,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pods
 	ch <- c.capacity
 	ch <- c.size
+	ch <- c.pairs
 	ch <- c.podEvicted
 }
 
@@ -103,6 +106,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pods, prometheus.GaugeValue, float64(st.Pods))
 	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(st.CapacityBlocks))
 	ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(c.pairs, prometheus.GaugeValue, float64(st.EnginePairs))
 	c.s.forEachEvicted(func(pod string, n int64) {
 		ch <- prometheus.MustNewConstMetric(c.podEvicted, prometheus.GaugeValue, float64(n), pod)
 	})

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/bits"
@@ -13,33 +14,92 @@ import (
 )
 
 // model is the obvious implementation of the contract, to compare with.
-type model map[string]map[uint64]uint32 // pod -> key -> tier mask
+type model map[string]*podModel
 
-func (m model) add(pod string, tier store.Tier, keys []uint64) {
-	if m[pod] == nil {
-		m[pod] = map[uint64]uint32{}
-	}
-	for _, k := range keys {
-		m[pod][k] |= 1 << tier
-	}
+// podModel is what the contract says of one pod.
+type podModel struct {
+	held   map[uint64]uint32 // key -> tier mask
+	engine map[uint64]uint64 // engine hash -> key, held or not
+	seq    uint64
+	hasSeq bool
+	stale  bool
 }
 
-func (m model) remove(pod string, tier store.Tier, keys []uint64) int {
-	n := 0
-	for _, k := range keys {
-		if v := m[pod][k]; v&(1<<tier) != 0 {
-			n++
-			if v &^= 1 << tier; v == 0 {
-				delete(m[pod], k)
+func (m model) pod(name string) *podModel {
+	p := m[name]
+	if p == nil {
+		p = &podModel{held: map[uint64]uint32{}, engine: map[uint64]uint64{}}
+		m[name] = p
+	}
+	return p
+}
+
+// resolve returns the key engine hash h names: a pair whose key the pod
+// holds.
+func (p *podModel) resolve(h uint64) (uint64, bool) {
+	k, ok := p.engine[h]
+	return k, ok && p.held[k] != 0
+}
+
+// apply applies op and returns the holdings it removed and what it named
+// in vain.
+func (p *podModel) apply(op store.Op) (removed, unknown int) {
+	bit := uint32(1) << op.Tier
+	switch op.Kind {
+	case store.OpClear:
+		clear(p.held)
+		clear(p.engine)
+	case store.OpAdd:
+		if len(op.Keys) > 0 {
+			for _, k := range op.Keys {
+				p.held[k] |= bit
+			}
+			for i, h := range op.Engine {
+				p.engine[h] = op.Keys[i]
+			}
+			return 0, 0
+		}
+		for _, h := range op.Engine {
+			if k, ok := p.resolve(h); ok {
+				p.held[k] |= bit
 			} else {
-				m[pod][k] = v
+				unknown++
+			}
+		}
+	case store.OpRemove:
+		keys, hashes := op.Keys, []uint64(nil)
+		if len(keys) == 0 {
+			keys = nil
+			for _, h := range op.Engine {
+				if k, ok := p.resolve(h); ok {
+					keys = append(keys, k)
+					hashes = append(hashes, h)
+				} else {
+					unknown++
+				}
+			}
+		}
+		for i, k := range keys {
+			v := p.held[k]
+			if v&bit == 0 {
+				unknown++
+				continue
+			}
+			removed++
+			if v &^= bit; v != 0 {
+				p.held[k] = v
+				continue
+			}
+			delete(p.held, k)
+			if hashes != nil {
+				// Removed by hash from its last tier: the pair goes. (A
+				// pair whose key goes otherwise stays, resolving nothing
+				// until the pod holds the key again.)
+				delete(p.engine, hashes[i])
 			}
 		}
 	}
-	if len(m[pod]) == 0 {
-		delete(m, pod)
-	}
-	return n
+	return removed, unknown
 }
 
 func (m model) lookup(keys []uint64, pods []string) map[string]store.Match {
@@ -47,13 +107,13 @@ func (m model) lookup(keys []uint64, pods []string) map[string]store.Match {
 	if len(keys) == 0 {
 		return out
 	}
-	for pod, held := range m {
+	for pod, p := range m {
 		if len(pods) > 0 && !slices.Contains(pods, pod) {
 			continue
 		}
-		var mt store.Match
+		mt := store.Match{Stale: p.stale}
 		for _, k := range keys {
-			v := held[k]
+			v := p.held[k]
 			if v == 0 {
 				break
 			}
@@ -69,8 +129,11 @@ func (m model) lookup(keys []uint64, pods []string) map[string]store.Match {
 
 func (m model) pods() []store.PodInfo {
 	var out []store.PodInfo
-	for _, p := range slices.Sorted(maps.Keys(m)) {
-		out = append(out, store.PodInfo{Name: p, Blocks: len(m[p])})
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		p := m[name]
+		if len(p.held) > 0 || p.hasSeq || p.stale {
+			out = append(out, store.PodInfo{Name: name, Blocks: len(p.held), AppliedSeq: p.seq, HasSeq: p.hasSeq, Stale: p.stale})
+		}
 	}
 	return out
 }
@@ -255,7 +318,8 @@ func (s *Store) nameOf(id uint16) string {
 }
 
 // ops applies a random sequence of operations read from data to s and to
-// the model and compares every answer.
+// the model and compares every answer. Keys come from universe; engine
+// hashes are the keys' complements.
 func ops(t testing.TB, s *Store, data []byte, universe []uint64) {
 	ctx := context.Background()
 	m := model{}
@@ -275,38 +339,95 @@ func ops(t testing.TB, s *Store, data []byte, universe []uint64) {
 		}
 		return ks
 	}
-	var out []store.Match
+	hashesOf := func(ks []uint64) []uint64 {
+		hs := make([]uint64, len(ks))
+		for i, k := range ks {
+			hs[i] = ^k
+		}
+		return hs
+	}
+	randOp := func() store.Op {
+		op := store.Op{Tier: store.Tier(next() % int(store.NumTiers))}
+		switch next() % 8 {
+		case 0, 1:
+			op.Kind, op.Keys = store.OpAdd, keys()
+		case 2:
+			// After a parent that may be held, by this pod or another.
+			op.Kind, op.Keys, op.Parent, op.HasParent = store.OpAdd, keys(), keyOf(next()), true
+		case 3:
+			op.Kind, op.Keys = store.OpAdd, keys()
+			op.Engine = hashesOf(op.Keys)
+		case 4:
+			op.Kind, op.Engine = store.OpAdd, hashesOf(keys())
+		case 5:
+			op.Kind, op.Keys = store.OpRemove, keys()
+		case 6:
+			op.Kind, op.Engine = store.OpRemove, hashesOf(keys())
+		case 7:
+			op = store.Op{Kind: store.OpClear}
+		}
+		return op
+	}
+	var (
+		out   []store.Match
+		ekeys []uint64
+		found []bool
+	)
 	for step := 0; len(data) > 0; step++ {
-		op, pod := next()%8, fmt.Sprintf("p%d", next()%40)
-		tier := store.Tier(next() % int(store.NumTiers))
+		op, name := next()%10, fmt.Sprintf("p%d", next()%40)
 		switch op {
-		case 0, 1, 2:
-			ks := keys()
-			var err error
-			if op == 2 {
-				// After a parent that may be held, by this pod or another.
-				err = s.AddAfter(ctx, pod, tier, keyOf(next()), ks)
-			} else {
-				err = s.Add(ctx, pod, tier, ks)
+		case 0, 1, 2, 3:
+			b := &store.Batch{Ops: make([]store.Op, next()%4)}
+			for i := range b.Ops {
+				b.Ops[i] = randOp()
 			}
-			if err != nil {
-				t.Fatalf("step %d: Add: %v", step, err)
+			p := m.pod(name)
+			if p.hasSeq {
+				b.Seq = p.seq + 1 + uint64(next()%3)
 			}
-			if len(ks) > 0 {
-				m.add(pod, tier, ks)
+			var want store.Result
+			for _, op := range b.Ops {
+				r, u := p.apply(op)
+				want.Removed += r
+				want.Unknown += u
 			}
-		case 3, 4:
-			ks := keys()
-			got, err := s.Remove(ctx, pod, tier, ks)
-			if want := m.remove(pod, tier, ks); err != nil || got != want {
-				t.Fatalf("step %d: Remove(%s, %v, %d keys) = %d, %v; want %d", step, pod, tier, len(ks), got, err, want)
+			p.seq, p.hasSeq = b.Seq, true
+			want.AppliedSeq = b.Seq
+			if got, err := s.Apply(ctx, name, b); err != nil || got != want {
+				t.Fatalf("step %d: Apply(%s, %+v) = %+v, %v; want %+v", step, name, b, got, err, want)
+			}
+		case 4:
+			// A duplicate, or a batch with an invalid op: nothing changes.
+			p := m[name]
+			b := &store.Batch{Ops: []store.Op{randOp(), randOp()}}
+			if p == nil || !p.hasSeq || next()%2 == 0 {
+				b.Ops = append(b.Ops, store.Op{Kind: store.OpAdd, Tier: store.NumTiers, Keys: keys()})
+				if _, err := s.Apply(ctx, name, b); !errors.Is(err, store.ErrInvalidTier) {
+					t.Fatalf("step %d: Apply(%s) of an invalid batch: %v", step, name, err)
+				}
+				break
+			}
+			b.Seq = p.seq - uint64(next()%2)
+			if b.Seq > p.seq {
+				b.Seq = p.seq
+			}
+			if got, err := s.Apply(ctx, name, b); err != nil || got != (store.Result{Duplicate: true, AppliedSeq: p.seq}) {
+				t.Fatalf("step %d: Apply(%s) of a duplicate = %+v, %v", step, name, got, err)
 			}
 		case 5:
-			if err := s.ClearPod(ctx, pod); err != nil {
-				t.Fatalf("step %d: ClearPod: %v", step, err)
+			if err := s.ForgetPod(ctx, name); err != nil {
+				t.Fatalf("step %d: ForgetPod: %v", step, err)
 			}
-			delete(m, pod)
+			delete(m, name)
 		case 6:
+			stale := next()%2 == 0
+			if err := s.SetStale(ctx, name, stale); err != nil {
+				t.Fatalf("step %d: SetStale: %v", step, err)
+			}
+			if p := m[name]; p != nil || stale {
+				m.pod(name).stale = stale
+			}
+		case 7:
 			ks := keys()
 			var filter []string
 			for range next() % 3 {
@@ -319,12 +440,29 @@ func ops(t testing.TB, s *Store, data []byte, universe []uint64) {
 			}
 			got := map[string]store.Match{}
 			for _, mt := range out {
-				got[mt.Pod] = store.Match{Blocks: mt.Blocks, TierBlocks: mt.TierBlocks}
+				got[mt.Pod] = store.Match{Blocks: mt.Blocks, TierBlocks: mt.TierBlocks, Stale: mt.Stale}
 			}
 			if want := m.lookup(ks, filter); !maps.Equal(got, want) {
 				t.Fatalf("step %d: Lookup(%d keys, %q):\n got %v\nwant %v", step, len(ks), filter, got, want)
 			}
-		case 7:
+		case 8:
+			hs := hashesOf(keys())
+			var err error
+			ekeys, found, err = s.EngineKeys(ctx, name, hs, ekeys, found)
+			if err != nil || len(ekeys) != len(hs) || len(found) != len(hs) {
+				t.Fatalf("step %d: EngineKeys = %d, %d, %v", step, len(ekeys), len(found), err)
+			}
+			for i, h := range hs {
+				var k uint64
+				ok := false
+				if p := m[name]; p != nil {
+					k, ok = p.resolve(h)
+				}
+				if found[i] != ok || ok && ekeys[i] != k {
+					t.Fatalf("step %d: EngineKeys(%s): hash %#x = %#x, %v; want %#x, %v", step, name, h, ekeys[i], found[i], k, ok)
+				}
+			}
+		case 9:
 			got, err := s.Pods(ctx)
 			if want := m.pods(); err != nil || !slices.Equal(got, want) {
 				t.Fatalf("step %d: Pods = %v, %v\nwant %v", step, got, err, want)
@@ -440,15 +578,15 @@ func TestEvictionInvariants(t *testing.T) {
 				}
 				switch rng.IntN(10) {
 				case 0:
-					if _, err := s.Remove(ctx, pod, store.TierGPU, ks); err != nil {
+					if _, err := testRemove(s, pod, store.TierGPU, ks); err != nil {
 						t.Fatal(err)
 					}
 				case 1:
-					if err := s.ClearPod(ctx, pod); err != nil {
+					if err := s.ForgetPod(ctx, pod); err != nil {
 						t.Fatal(err)
 					}
 				default:
-					if err := s.Add(ctx, pod, store.Tier(rng.IntN(3)), ks); err != nil {
+					if err := testAdd(s, pod, store.Tier(rng.IntN(3)), ks); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -468,7 +606,7 @@ func TestEvictionInvariants(t *testing.T) {
 // TestDisownKeepsSharedFraction removes, from the end of a pod's
 // ownership list, one of two keys the pod holds with the same fraction,
 // after compaction has left that fraction listed once: the entry must stay
-// for the other key, or ClearPod would leave it behind.
+// for the other key, or ForgetPod would leave it behind.
 func TestDisownKeepsSharedFraction(t *testing.T) {
 	ctx := context.Background()
 	s, err := New(Options{Shards: 1})
@@ -481,10 +619,10 @@ func TestDisownKeepsSharedFraction(t *testing.T) {
 	for i := range others {
 		others[i] = unmix(uint64(i+1) << 40)
 	}
-	if err := s.Add(ctx, "a", store.TierGPU, others); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, others); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ctx, "a", store.TierGPU, []uint64{k1, k2}); err != nil {
+	if err := testAdd(s, "a", store.TierGPU, []uint64{k1, k2}); err != nil {
 		t.Fatal(err)
 	}
 	sh := &s.shards[0].shard
@@ -495,14 +633,14 @@ func TestDisownKeepsSharedFraction(t *testing.T) {
 	if l := sh.list(id); len(l) != len(others)+1 || l[len(l)-1] != uint32(f) {
 		t.Fatalf("ownership list %x, want the others' fractions then %x once", l, f)
 	}
-	if _, err := s.Remove(ctx, "a", store.TierGPU, []uint64{k1}); err != nil {
+	if _, err := testRemove(s, "a", store.TierGPU, []uint64{k1}); err != nil {
 		t.Fatal(err)
 	}
 	checkInvariants(t, s)
-	if err := s.ClearPod(ctx, "a"); err != nil {
+	if err := s.ForgetPod(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := s.Lookup(ctx, []uint64{k2}, nil, nil); err != nil || len(out) != 0 {
-		t.Fatalf("after ClearPod, Lookup(k2) = %+v, %v", out, err)
+		t.Fatalf("after ForgetPod, Lookup(k2) = %+v, %v", out, err)
 	}
 }

@@ -270,6 +270,29 @@ func (sh *shard) add(h uint64, ad *adder, bit uint64, seg *segment, off int) (us
 	return false
 }
 
+// addTier sets the tiers in bit of pod id's holding of h, if the pod
+// holds h, and reports whether it does. It never adds a holding.
+func (sh *shard) addTier(h uint64, id uint16, bit uint64) bool {
+	_, r, ok := sh.tbl.Load().find(sh.a, h)
+	if !ok {
+		return false
+	}
+	w := atomic.LoadUint64(&r.w)
+	if w&ovfFlag == 0 {
+		shift, m, found := inlineFind(w, id)
+		if found && m&bit == 0 {
+			atomic.StoreUint64(&r.w, w|bit<<(podBits+shift))
+		}
+		return found
+	}
+	s := sh.loadSet(w)
+	i, m := s.find(id)
+	if i >= 0 && m&bit == 0 {
+		sh.replaceSet(w, s.with(i, id, m|bit))
+	}
+	return i >= 0
+}
+
 // drop deletes entry j of t, which the caller has emptied of holders, and
 // frees its record: counted in rel when it is not nil (see release), at
 // once otherwise.
