@@ -172,17 +172,17 @@ func BenchmarkGRPCMatch(b *testing.B) {
 
 	for _, bc := range []struct {
 		name string
-		req  func(p int) *prefixdv1.MatchRequest
+		req  func(p int) *prefixdv1.Query
 	}{
-		{"hashes-512", func(p int) *prefixdv1.MatchRequest {
-			return &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[p]}
+		{"hashes-512", func(p int) *prefixdv1.Query {
+			return &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes[p]}
 		}},
-		{"tokens-8k", func(p int) *prefixdv1.MatchRequest {
-			return &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[p]}
+		{"tokens-8k", func(p int) *prefixdv1.Query {
+			return &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[p]}
 		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			reqs := make([]*prefixdv1.MatchRequest, benchPods)
+			reqs := make([]*prefixdv1.Query, benchPods)
 			for p := range reqs {
 				reqs[p] = bc.req(p)
 			}
@@ -256,7 +256,7 @@ func BenchmarkServerMatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	req := &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[42]}
+	req := &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes[42]}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,7 +1,7 @@
 // Package rpc serves prefixd's index to routers and endpoint pickers: the
 // gRPC IndexService of proto/prefixd/v1 (Match, Score, Pods, Stats), the
 // standard gRPC health service, server reflection (grpcurl works without
-// the .proto), and Match and Pods as JSON over HTTP.
+// the .proto), and the same four methods as JSON over HTTP.
 //
 // # Basics
 //
@@ -12,16 +12,22 @@
 // returns a grpc.Server with everything registered; serve it on a listener,
 // call SetServing(false) when shutting down and stop it with GracefulStop.
 // Limits.AddFlags registers the limits' flags. HTTPHandler (or
-// NewHTTPHandler) serves POST /v1/match and GET /v1/pods for mounting next
-// to /metrics; it shares the server's limits, concurrency slots and byte
-// budget.
+// NewHTTPHandler) serves POST /v1/match, POST /v1/score, GET /v1/pods and
+// GET /v1/stats for mounting next to /metrics; it shares the server's
+// limits, concurrency slots and byte budget.
+//
+// Match and Score take the same request, Query, and one gRPC handler
+// serves both; over HTTP both take the same body, a QueryJSON, which an
+// OpenAI chat-completions or completions request body is as it is (see
+// rpc/querybody). 64-bit hashes and seqs in JSON, read and written, are
+// decimal strings, as protojson writes them; numbers are read too.
 //
 // A query is admitted before its request is read: it takes one of
 // MaxConcurrent slots, then reserves its bytes from MaxInflightBytes,
 // shared by gRPC and HTTP (an HTTP body its Content-Length; a gRPC
 // message, whose size gRPC reads with it, MaxMessageBytes), and reads the
 // request into one buffer of its size. Decoding (rpc/internal/codec for
-// gRPC, rpc/internal/jsonquery for JSON) reserves each slice, string and
+// gRPC, rpc/querybody for JSON) reserves each slice, string and
 // message before allocating it and stops at the first token id or block
 // hash over its limit; text is tokenized up to MaxTokens and no further.
 // After decoding a gRPC query keeps reserved what its request holds; an
@@ -42,14 +48,16 @@
 //
 // Score answers what llm-d's precise-prefix-cache-scorer computes from its
 // own index: the matched pods' scores min-max normalized to 0..1, all 1
-// when equal, 0 for candidate pods without a match.
+// when equal, 0 for candidate pods without a match; and, as Match says per
+// pod, which matched pods are stale or incomplete.
 //
 // The server is built for tens of thousands of block hash queries per
-// second on two cores, with a client on the same machine. Match and Score decode into pooled requests whose
-// slices the codec (rpc/internal/codec) refills in place, a query's other
-// buffers (indexer query, tokens of text) come from a sync.Pool, gRPC gets
-// a buffer pool with a tier per power of two and a few long-lived stream
-// workers, and metric children are resolved once. BenchmarkGRPCMatch
+// second on two cores, with a client on the same machine. Match and Score
+// decode into pooled requests whose slices the codec (rpc/internal/codec)
+// refills in place, a query's other buffers (indexer query, tokens of
+// text) come from a sync.Pool, gRPC gets a buffer pool with a tier per
+// power of two and a few long-lived stream workers, and metric children
+// are resolved once. BenchmarkGRPCMatch
 // measures it over loopback TCP while events are applied.
 //
 // # Caveats
@@ -67,6 +75,6 @@
 // limit (GOMEMLIMIT) brings that closer to the budget. Block hash queries of a model kept
 // in key mode tokens are refused up front only when the query names the
 // base model; through a LoRA adapter's name the indexer refuses them, which
-// surfaces as Internal. HTTP block hashes are JSON numbers: clients whose
-// JSON numbers are float64 lose precision above 2^53 and should use gRPC.
+// surfaces as Internal. Score checks the staleness of matched pods only: a
+// stale candidate without a match is not named (Pods says it is stale).
 package rpc

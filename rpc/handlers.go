@@ -15,10 +15,10 @@ import (
 // serviceDesc is the generated IndexService description with handlers of
 // its own. Each takes its concurrency slot before the request is read and
 // turns a panic into an Internal answer, counted by Options.Recovery.
-// Match and Score also reserve the request's memory before reading it, and
-// decode it with the query limits into pooled requests: with the codec's
-// Target, a block hash query reuses the slices of an earlier one instead
-// of allocating 8 bytes per hash.
+// Match and Score, one handler over their shared request, also reserve the
+// request's memory before reading it, and decode it with the query limits
+// into pooled requests: with the codec's Target, a block hash query reuses
+// the slices of an earlier one instead of allocating 8 bytes per hash.
 //
 // gRPC calls a handler's dec to read the request (grpc-go v1.85: dec calls
 // the stream's RecvMsg), so what a handler does before dec happens before
@@ -29,9 +29,9 @@ var serviceDesc = func() grpc.ServiceDesc {
 	for i := range d.Methods {
 		switch d.Methods[i].MethodName {
 		case "Match":
-			d.Methods[i].Handler = matchHandler
+			d.Methods[i].Handler = matchMethod.handle
 		case "Score":
-			d.Methods[i].Handler = scoreHandler
+			d.Methods[i].Handler = scoreMethod.handle
 		case "Pods":
 			d.Methods[i].Handler = podsHandler
 		case "Stats":
@@ -43,15 +43,36 @@ var serviceDesc = func() grpc.ServiceDesc {
 	return d
 }()
 
-// Requests kept in the pools keep slices up to these capacities.
+// queryMethod is a method answering a Query, Match or Score: they differ
+// only in their name and in the response they make of a match.
+type queryMethod struct {
+	name       string // in metrics
+	fullMethod string
+	// respond makes the response to req of its match res.
+	respond func(res *indexer.Result, req *prefixdv1.Query) any
+}
+
+var (
+	matchMethod = &queryMethod{
+		name: methodMatch, fullMethod: prefixdv1.IndexService_Match_FullMethodName,
+		respond: func(res *indexer.Result, _ *prefixdv1.Query) any { return matchResponse(res) },
+	}
+	scoreMethod = &queryMethod{
+		name: methodScore, fullMethod: prefixdv1.IndexService_Score_FullMethodName,
+		respond: func(res *indexer.Result, req *prefixdv1.Query) any { return scoreResponse(res, req.GetPods()) },
+	}
+)
+
+// Requests kept in the pool keep slices up to these capacities.
 const (
 	keepTokenIDs    = 64 << 10
 	keepBlockHashes = 4 << 10
 )
 
-// pooledMatch is a MatchRequest with what decoding it needs, reused.
-type pooledMatch struct {
-	req prefixdv1.MatchRequest
+// pooledQuery is a Query with what decoding it needs, reused by Match and
+// Score.
+type pooledQuery struct {
+	req prefixdv1.Query
 	t   codec.Target // decodes into req
 	rsv reservation
 	// grow is rsv.grow, bound once: a method value made per call would be
@@ -59,46 +80,17 @@ type pooledMatch struct {
 	grow func(int) error
 }
 
-// pooledScore is pooledMatch for Score.
-type pooledScore struct {
-	req  prefixdv1.ScoreRequest
-	t    codec.Target
-	rsv  reservation
-	grow func(int) error
-}
+var queries = sync.Pool{New: func() any {
+	p := new(pooledQuery)
+	p.grow = p.rsv.grow
+	p.t = codec.Target{Msg: &p.req, Reserve: p.grow}
+	return p
+}}
 
-var (
-	matchRequests = sync.Pool{New: func() any {
-		p := new(pooledMatch)
-		p.grow = p.rsv.grow
-		p.t = codec.Target{Msg: &p.req, Query: codec.QueryOf(&p.req), Reserve: p.grow}
-		return p
-	}}
-	scoreRequests = sync.Pool{New: func() any {
-		p := new(pooledScore)
-		p.grow = p.rsv.grow
-		p.t = codec.Target{Msg: &p.req, Query: codec.ScoreQueryOf(&p.req), Reserve: p.grow}
-		return p
-	}}
-)
-
-func (p *pooledMatch) put() {
-	t, h, ps := reuse(p.req.TokenIds, p.req.BlockHashes, p.req.Pods)
-	p.req = prefixdv1.MatchRequest{TokenIds: t, BlockHashes: h, Pods: ps}
-	p.t.Err, p.t.Held = nil, 0
-	matchRequests.Put(p)
-}
-
-func (p *pooledScore) put() {
-	t, h, ps := reuse(p.req.TokenIds, p.req.BlockHashes, p.req.Pods)
-	p.req = prefixdv1.ScoreRequest{TokenIds: t, BlockHashes: h, Pods: ps}
-	p.t.Err, p.t.Held = nil, 0
-	scoreRequests.Put(p)
-}
-
-// reuse returns the slices of a finished request emptied, or nil when they
+// put returns p to the pool with its slices emptied, or dropped when they
 // grew past what is worth keeping.
-func reuse(tokens []uint32, hashes []uint64, pods []string) ([]uint32, []uint64, []string) {
+func (p *pooledQuery) put() {
+	tokens, hashes, pods := p.req.TokenIds, p.req.BlockHashes, p.req.Pods
 	if cap(tokens) > keepTokenIDs {
 		tokens = nil
 	}
@@ -106,12 +98,14 @@ func reuse(tokens []uint32, hashes []uint64, pods []string) ([]uint32, []uint64,
 		hashes = nil
 	}
 	clear(pods)
-	return tokens[:0], hashes[:0], pods[:0]
+	p.req = prefixdv1.Query{TokenIds: tokens[:0], BlockHashes: hashes[:0], Pods: pods[:0]}
+	p.t.Err, p.t.Held = nil, 0
+	queries.Put(p)
 }
 
-// matchHandler answers Match, decoding into a pooled request (with an
-// interceptor, see interceptMatch).
-func matchHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (out any, err error) {
+// handle answers m, decoding into a pooled request (with an interceptor,
+// see intercept).
+func (m *queryMethod) handle(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (out any, err error) {
 	s := srv.(*Server)
 	start := time.Now()
 	var res *indexer.Result
@@ -119,101 +113,49 @@ func matchHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		if r := recover(); r != nil {
 			out, res, err = nil, nil, s.recovered(r, whereGRPC)
 		}
-		s.done(methodMatch, start, res, err)
+		s.done(m.name, start, res, err)
 	}()
 	if err := s.acquire(); err != nil {
 		return nil, err
 	}
 	defer s.release()
 	if interceptor != nil {
-		out, res, err = s.interceptMatch(ctx, dec, interceptor)
+		out, res, err = s.intercept(ctx, m, dec, interceptor)
 		return out, err
 	}
-	p := matchRequests.Get().(*pooledMatch)
+	p := queries.Get().(*pooledQuery)
 	defer p.put()
 	defer p.rsv.release() // before put: a panic may leave bytes reserved
 	if err := s.decode(dec, &p.t, &p.rsv); err != nil {
 		return nil, err
 	}
-	resp, r, err := s.match(ctx, &p.req, p.grow)
-	res = r
-	if err != nil {
+	if res, err = s.query(ctx, &p.req, p.grow); err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return m.respond(res, &p.req), nil
 }
 
-// scoreHandler is matchHandler for Score.
-func scoreHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (out any, err error) {
-	s := srv.(*Server)
-	start := time.Now()
+// intercept is handle's path through an interceptor, which may keep the
+// request: it is decoded into a fresh one. (Apart, so that what the
+// interceptor's handler captures is not allocated on the pooled path.)
+func (s *Server) intercept(ctx context.Context, m *queryMethod, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, *indexer.Result, error) {
+	rsv := new(reservation)
+	t := codec.NewTarget(new(prefixdv1.Query))
+	t.Reserve = rsv.grow
+	defer rsv.release()
+	if err := s.decode(dec, t, rsv); err != nil {
+		return nil, nil, err
+	}
 	var res *indexer.Result
-	defer func() {
-		if r := recover(); r != nil {
-			out, res, err = nil, nil, s.recovered(r, whereGRPC)
+	info := &grpc.UnaryServerInfo{Server: s, FullMethod: m.fullMethod}
+	out, err := interceptor(ctx, t.Msg, info, func(ctx context.Context, req any) (any, error) {
+		q := req.(*prefixdv1.Query)
+		r, err := s.query(ctx, q, rsv.grow)
+		if err != nil {
+			return nil, err
 		}
-		s.done(methodScore, start, res, err)
-	}()
-	if err := s.acquire(); err != nil {
-		return nil, err
-	}
-	defer s.release()
-	if interceptor != nil {
-		out, res, err = s.interceptScore(ctx, dec, interceptor)
-		return out, err
-	}
-	p := scoreRequests.Get().(*pooledScore)
-	defer p.put()
-	defer p.rsv.release()
-	if err := s.decode(dec, &p.t, &p.rsv); err != nil {
-		return nil, err
-	}
-	resp, r, err := s.score(ctx, &p.req, p.grow)
-	res = r
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-// interceptMatch is matchHandler's path through an interceptor, which may
-// keep the request: it is decoded into a fresh one. (Apart, so that what
-// the interceptor's handler captures is not allocated on the pooled path.)
-func (s *Server) interceptMatch(ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, *indexer.Result, error) {
-	in := new(prefixdv1.MatchRequest)
-	rsv := new(reservation)
-	t := codec.NewTarget(in)
-	t.Reserve = rsv.grow
-	defer rsv.release()
-	if err := s.decode(dec, t, rsv); err != nil {
-		return nil, nil, err
-	}
-	var res *indexer.Result
-	info := &grpc.UnaryServerInfo{Server: s, FullMethod: prefixdv1.IndexService_Match_FullMethodName}
-	out, err := interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		resp, r, err := s.match(ctx, req.(*prefixdv1.MatchRequest), rsv.grow)
 		res = r
-		return resp, err
-	})
-	return out, res, err
-}
-
-// interceptScore is interceptMatch for Score.
-func (s *Server) interceptScore(ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, *indexer.Result, error) {
-	in := new(prefixdv1.ScoreRequest)
-	rsv := new(reservation)
-	t := codec.NewScoreTarget(in)
-	t.Reserve = rsv.grow
-	defer rsv.release()
-	if err := s.decode(dec, t, rsv); err != nil {
-		return nil, nil, err
-	}
-	var res *indexer.Result
-	info := &grpc.UnaryServerInfo{Server: s, FullMethod: prefixdv1.IndexService_Score_FullMethodName}
-	out, err := interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		resp, r, err := s.score(ctx, req.(*prefixdv1.ScoreRequest), rsv.grow)
-		res = r
-		return resp, err
+		return m.respond(r, q), nil
 	})
 	return out, res, err
 }

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,21 +13,24 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
-	"github.com/prefixd/prefixd/rpc/internal/jsonquery"
-	"github.com/prefixd/prefixd/rpc/internal/querylimit"
+	"github.com/prefixd/prefixd/rpc/querybody"
+	"github.com/prefixd/prefixd/rpc/querylimit"
 )
 
-// MatchRequestJSON is the body of POST /v1/match: MatchRequest's fields
-// under their proto names. Messages' content is a string or an array of
-// OpenAI content parts. The handler decodes it as encoding/json would
-// decode this type with DisallowUnknownFields, but in one pass with the
-// limits applied as it reads (see HTTPHandler).
-type MatchRequestJSON struct {
+// QueryJSON is the body of POST /v1/match and POST /v1/score: Query's
+// fields under their proto names. An OpenAI chat-completions or
+// completions request body is one as it is: fields a query does not use
+// (max_tokens, stream, tools, ...) are skipped, and a completions prompt
+// may also be an array of one string or of token ids (see package
+// rpc/querybody, which decodes it). Messages' content is a string or an
+// array of OpenAI content parts. Block hashes are decimal strings (as
+// Hashes writes them) or numbers.
+type QueryJSON struct {
 	Model       string             `json:"model"`
 	LoRA        string             `json:"lora,omitempty"`
 	CacheSalt   string             `json:"cache_salt,omitempty"`
 	TokenIDs    []uint32           `json:"token_ids,omitempty"`
-	BlockHashes []uint64           `json:"block_hashes,omitempty"`
+	BlockHashes querybody.Hashes   `json:"block_hashes,omitempty"`
 	Prompt      string             `json:"prompt,omitempty"`
 	Messages    []tokenize.Message `json:"messages,omitempty"`
 	Pods        []string           `json:"pods,omitempty"`
@@ -56,18 +60,28 @@ type PodMatchJSON struct {
 	Incomplete bool `json:"incomplete"`
 }
 
+// ScoreResponseJSON is the answer of POST /v1/score: pod -> score as
+// Score answers it, and the scored pods that are stale or incomplete,
+// sorted (empty when none is).
+type ScoreResponseJSON struct {
+	Scores         map[string]float64 `json:"scores"`
+	StalePods      []string           `json:"stale_pods"`
+	IncompletePods []string           `json:"incomplete_pods"`
+}
+
 // PodsResponseJSON is the answer of GET /v1/pods.
 type PodsResponseJSON struct {
 	Pods []PodStatusJSON `json:"pods"`
 }
 
-// PodStatusJSON is one pod of PodsResponseJSON. LastEventTime is absent
-// when no batch was applied.
+// PodStatusJSON is one pod of PodsResponseJSON. Seq, 64 bits, is a
+// decimal string, as protojson writes it. LastEventTime is absent when no
+// batch was applied.
 type PodStatusJSON struct {
 	Name          string     `json:"name"`
 	Model         string     `json:"model"`
 	Blocks        int        `json:"blocks"`
-	Seq           uint64     `json:"seq"`
+	Seq           uint64     `json:"seq,string"`
 	HasSeq        bool       `json:"has_seq"`
 	LastEventTime *time.Time `json:"last_event_time,omitempty"`
 	Stale         bool       `json:"stale"`
@@ -76,6 +90,17 @@ type PodStatusJSON struct {
 	// EvictedBlocks counts the pod's blocks the index forgot to make room
 	// since the pod was last cleared.
 	EvictedBlocks int `json:"evicted_blocks"`
+}
+
+// StatsResponseJSON is the answer of GET /v1/stats: StatsResponse's
+// fields.
+type StatsResponseJSON struct {
+	Pods             uint64  `json:"pods"`
+	IndexBlocks      uint64  `json:"index_blocks"`
+	MemoryBytes      uint64  `json:"memory_bytes"`
+	HeapInuseBytes   uint64  `json:"heap_inuse_bytes"`
+	BatchesPerSecond float64 `json:"batches_per_second"`
+	EventsPerSecond  float64 `json:"events_per_second"`
 }
 
 // ErrorJSON is the body of every HTTP error answer: the message and the
@@ -88,8 +113,9 @@ type ErrorJSON struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// NewHTTPHandler returns a handler serving POST /v1/match and GET /v1/pods
-// from ix; see Server.HTTPHandler.
+// NewHTTPHandler returns a handler serving POST /v1/match, POST
+// /v1/score, GET /v1/pods and GET /v1/stats from ix; see
+// Server.HTTPHandler.
 func NewHTTPHandler(ix *indexer.Indexer, opts Options) (http.Handler, error) {
 	s, err := New(ix, opts)
 	if err != nil {
@@ -98,22 +124,23 @@ func NewHTTPHandler(ix *indexer.Indexer, opts Options) (http.Handler, error) {
 	return s.HTTPHandler(), nil
 }
 
-// HTTPHandler returns a handler serving Match and Pods as JSON over HTTP:
-// POST /v1/match with a MatchRequestJSON body answers a MatchResponseJSON,
-// GET /v1/pods a PodsResponseJSON. It shares the server's limits,
-// concurrency slots and byte budget with gRPC.
+// HTTPHandler returns a handler serving the IndexService as JSON over
+// HTTP: POST /v1/match with a QueryJSON body answers a MatchResponseJSON,
+// POST /v1/score with the same body a ScoreResponseJSON, GET /v1/pods a
+// PodsResponseJSON and GET /v1/stats a StatsResponseJSON. It shares the
+// server's limits, concurrency slots and byte budget with gRPC.
 //
-// A match takes its concurrency slot before it reads the body, then
-// reserves the body's bytes (its Content-Length, or MaxMessageBytes and a
-// half for a body of unknown length, given back down to what came) and
-// reads it into one buffer; decoding reserves each string and slice before
-// allocating it, stops at the first token id or block hash over the limit,
-// and text is tokenized up to the token limit; the reservation is kept
-// until the answer is written. The body must arrive within 30 seconds.
-// A refused body that was not read into memory is read and dropped after
-// the answer (up to twice MaxMessageBytes, for up to 5 seconds), so that a
-// client still sending it reads the answer rather than a reset
-// connection.
+// A match or score takes its concurrency slot before it reads the body,
+// then reserves the body's bytes (its Content-Length, or MaxMessageBytes
+// and a half for a body of unknown length, given back down to what came)
+// and reads it into one buffer; decoding reserves each string and slice
+// before allocating it, stops at the first token id or block hash over
+// the limit, and text is tokenized up to the token limit; the reservation
+// is kept until the answer is written. The body must arrive within 30
+// seconds. A refused body that was not read into memory is read and
+// dropped after the answer (up to twice MaxMessageBytes, for up to 5
+// seconds), so that a client still sending it reads the answer rather
+// than a reset connection.
 //
 // Errors answer an ErrorJSON: 400 for bad JSON or an invalid query (over
 // the token or block hash limit: its reason names it), 404 for an unknown
@@ -123,8 +150,10 @@ func NewHTTPHandler(ix *indexer.Indexer, opts Options) (http.Handler, error) {
 // deadline.
 func (s *Server) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/match", s.httpMatch)
-	mux.HandleFunc("GET /v1/pods", s.httpPods)
+	mux.HandleFunc("POST /v1/match", s.httpQuery(methodHTTPMatch, httpMatchAnswer))
+	mux.HandleFunc("POST /v1/score", s.httpQuery(methodHTTPScore, httpScoreAnswer))
+	mux.HandleFunc("GET /v1/pods", s.httpListing(methodHTTPPods, s.httpPods))
+	mux.HandleFunc("GET /v1/stats", s.httpListing(methodHTTPStats, s.httpStats))
 	return mux
 }
 
@@ -132,37 +161,70 @@ func (s *Server) HTTPHandler() http.Handler {
 // client gets its answer rather than a reset.
 const drainTimeout = 5 * time.Second
 
-func (s *Server) httpMatch(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	var (
-		res      *indexer.Result
-		err      error
-		answered bool // the answer's header was written
-	)
-	defer func() {
-		if p := recover(); p != nil {
-			res, err = nil, s.recovered(p, whereHTTP)
-			if !answered {
-				writeError(w, err)
-			}
+// httpAnswer makes the JSON answer to q of its match res.
+type httpAnswer func(res *indexer.Result, q *indexer.Query) any
+
+func httpMatchAnswer(res *indexer.Result, _ *indexer.Query) any {
+	out := MatchResponseJSON{
+		Model: res.Model, BlockSize: res.BlockSize, Tokens: res.Tokens, TotalBlocks: res.TotalBlocks,
+		Pods: make([]PodMatchJSON, len(res.Pods)),
+	}
+	for i, p := range res.Pods {
+		out.Pods[i] = PodMatchJSON{
+			Pod: p.Pod, Blocks: p.Blocks, Tokens: p.Tokens,
+			GPUBlocks: p.TierBlocks[0], CPUBlocks: p.TierBlocks[1], DiskBlocks: p.TierBlocks[2],
+			Score: p.Score, Stale: p.Stale, Incomplete: p.Incomplete,
 		}
-		s.done(methodHTTPMatch, start, res, err)
-	}()
-	var unread bool
-	res, unread, err = s.serveHTTPMatch(w, r, &answered)
-	if err != nil {
-		answered = true
-		writeError(w, err)
-		if unread {
-			s.drain(w, r)
+	}
+	return out
+}
+
+func httpScoreAnswer(res *indexer.Result, q *indexer.Query) any {
+	stale, incomplete := flagged(res)
+	if stale == nil {
+		stale = []string{}
+	}
+	if incomplete == nil {
+		incomplete = []string{}
+	}
+	return ScoreResponseJSON{Scores: Scores(res, q.Pods), StalePods: stale, IncompletePods: incomplete}
+}
+
+// httpQuery returns the handler of a query method: the body decoded into
+// a query, answered with answer.
+func (s *Server) httpQuery(method string, answer httpAnswer) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		var (
+			res      *indexer.Result
+			err      error
+			answered bool // the answer's header was written
+		)
+		defer func() {
+			if p := recover(); p != nil {
+				res, err = nil, s.recovered(p, whereHTTP)
+				if !answered {
+					writeError(w, err)
+				}
+			}
+			s.done(method, start, res, err)
+		}()
+		var unread bool
+		res, unread, err = s.serveHTTPQuery(w, r, answer, &answered)
+		if err != nil {
+			answered = true
+			writeError(w, err)
+			if unread {
+				s.drain(w, r)
+			}
 		}
 	}
 }
 
-// serveHTTPMatch answers a match, the answer written under the query's
+// serveHTTPQuery answers a query, the answer written under the query's
 // concurrency slot and reservation, or returns the error to answer, and
 // unread when it came before any of the body was read.
-func (s *Server) serveHTTPMatch(w http.ResponseWriter, r *http.Request, answered *bool) (res *indexer.Result, unread bool, err error) {
+func (s *Server) serveHTTPQuery(w http.ResponseWriter, r *http.Request, answer httpAnswer, answered *bool) (res *indexer.Result, unread bool, err error) {
 	if err := s.acquire(); err != nil {
 		return nil, true, err
 	}
@@ -175,33 +237,22 @@ func (s *Server) serveHTTPMatch(w http.ResponseWriter, r *http.Request, answered
 	}
 	qb := getQueryBuf()
 	defer qb.put()
-	if err := jsonquery.Decode(body, &qb.q, s.queryLimits, rsv.grow); err != nil {
+	if err := querybody.Decode(body, &qb.q, s.queryLimits, rsv.grow); err != nil {
 		var le *querylimit.Error
-		var se *jsonquery.SyntaxError
+		var se *querybody.SyntaxError
 		switch {
 		case errors.As(err, &le):
 			return nil, false, limitRefusal(le.Field, le.Limit)
 		case errors.As(err, &se):
-			return nil, false, status.Errorf(codes.InvalidArgument, "bad JSON body: %v", err)
+			return nil, false, status.Errorf(codes.InvalidArgument, "bad request body: %v", err)
 		}
 		return nil, false, err
 	}
 	if res, err = s.answer(r.Context(), qb, rsv.grow); err != nil {
 		return nil, false, err
 	}
-	out := MatchResponseJSON{
-		Model: res.Model, BlockSize: res.BlockSize, Tokens: res.Tokens, TotalBlocks: res.TotalBlocks,
-		Pods: make([]PodMatchJSON, len(res.Pods)),
-	}
-	for i, p := range res.Pods {
-		out.Pods[i] = PodMatchJSON{
-			Pod: p.Pod, Blocks: p.Blocks, Tokens: p.Tokens,
-			GPUBlocks: p.TierBlocks[0], CPUBlocks: p.TierBlocks[1], DiskBlocks: p.TierBlocks[2],
-			Score: p.Score, Stale: p.Stale, Incomplete: p.Incomplete,
-		}
-	}
 	*answered = true
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, answer(res, &qb.q))
 	return res, false, nil
 }
 
@@ -276,32 +327,45 @@ func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, most))
 }
 
-func (s *Server) httpPods(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	var (
-		err      error
-		answered bool
-	)
-	defer func() {
-		if p := recover(); p != nil {
-			err = s.recovered(p, whereHTTP)
-			if !answered {
-				writeError(w, err)
+// httpListing returns the handler of a method that matches nothing (pods,
+// stats): answer's JSON, under a concurrency slot.
+func (s *Server) httpListing(method string, answer func(context.Context) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		var (
+			err      error
+			answered bool
+		)
+		defer func() {
+			if p := recover(); p != nil {
+				err = s.recovered(p, whereHTTP)
+				if !answered {
+					writeError(w, err)
+				}
 			}
+			s.done(method, start, nil, err)
+		}()
+		if err = s.acquire(); err != nil {
+			answered = true
+			writeError(w, err)
+			return
 		}
-		s.done(methodHTTPPods, start, nil, err)
-	}()
-	if err = s.acquire(); err != nil {
+		defer s.release()
+		var out any
+		if out, err = answer(r.Context()); err != nil {
+			answered = true
+			writeError(w, err)
+			return
+		}
 		answered = true
-		writeError(w, err)
-		return
+		writeJSON(w, http.StatusOK, out)
 	}
-	defer s.release()
-	var pods []indexer.PodStatus
-	if pods, err = s.pods(r.Context()); err != nil {
-		answered = true
-		writeError(w, err)
-		return
+}
+
+func (s *Server) httpPods(ctx context.Context) (any, error) {
+	pods, err := s.pods(ctx)
+	if err != nil {
+		return nil, err
 	}
 	out := PodsResponseJSON{Pods: make([]PodStatusJSON, len(pods))}
 	for i, p := range pods {
@@ -314,8 +378,18 @@ func (s *Server) httpPods(w http.ResponseWriter, r *http.Request) {
 			out.Pods[i].LastEventTime = &t
 		}
 	}
-	answered = true
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
+}
+
+func (s *Server) httpStats(ctx context.Context) (any, error) {
+	st, err := s.statsResponse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return StatsResponseJSON{
+		Pods: st.GetPods(), IndexBlocks: st.GetIndexBlocks(), MemoryBytes: st.GetMemoryBytes(), HeapInuseBytes: st.GetHeapInuseBytes(),
+		BatchesPerSecond: st.GetBatchesPerSecond(), EventsPerSecond: st.GetEventsPerSecond(),
+	}, nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,14 +1,24 @@
 package rpc
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/internal/fixture"
+	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
+	"github.com/prefixd/prefixd/store/memory"
 )
 
 func TestHTTPMatch(t *testing.T) {
@@ -45,6 +55,14 @@ func TestHTTPMatch(t *testing.T) {
 		"prompt":       marshal(map[string]any{"model": testModel, "prompt": string(tokenize.AppendFlat(nil, f.messages))}),
 		"token_ids":    marshal(map[string]any{"model": testModel, "token_ids": f.tokens}),
 		"block_hashes": marshal(map[string]any{"model": testModel, "block_hashes": f.hashes}),
+		// Hashes as protojson writes them, and an OpenAI body as it is.
+		"block_hashes as strings": marshal(QueryJSON{Model: testModel, BlockHashes: f.hashes}),
+		"OpenAI chat body": marshal(map[string]any{
+			"model": testModel, "messages": f.messages, "max_tokens": 32, "stream": true, "stream_options": map[string]any{"include_usage": true},
+			"temperature": 0.2, "n": 1, "tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}},
+		}),
+		"OpenAI completions body": marshal(map[string]any{"model": testModel, "prompt": []string{string(tokenize.AppendFlat(nil, f.messages))}, "max_tokens": 8, "echo": false}),
+		"prompt of token ids":     marshal(map[string]any{"model": testModel, "prompt": f.tokens, "logprobs": nil}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			code, raw := post(body)
@@ -70,8 +88,11 @@ func TestHTTPMatch(t *testing.T) {
 		code       int
 		msg        string
 	}{
-		{"bad JSON", `{"model": "m", "token_ids": [1, 2,`, http.StatusBadRequest, "bad JSON body"},
-		{"unknown field", `{"model": "m", "tokens": [1]}`, http.StatusBadRequest, `unknown field "tokens"`},
+		{"bad JSON", `{"model": "m", "token_ids": [1, 2,`, http.StatusBadRequest, "bad request body"},
+		{"bad JSON in a skipped field", `{"model": "m", "token_ids": [1], "tools": [}`, http.StatusBadRequest, "bad request body"},
+		{"no input, other fields", `{"model": "m", "tokens": [1], "max_tokens": 3}`, http.StatusBadRequest, "empty query"},
+		{"a batch of prompts", `{"model": "m", "prompt": ["a", "b"]}`, http.StatusBadRequest, "a batch of more than one prompt"},
+		{"a bad hash", `{"model": "m", "block_hashes": ["0x12"]}`, http.StatusBadRequest, "block_hashes: want an integer"},
 		{"two values", `{"model": "m", "token_ids": [1]} {}`, http.StatusBadRequest, "more than one value"},
 		{"empty prompt", `{"model": "m", "prompt": ""}`, http.StatusBadRequest, "empty query"},
 		{"unknown model", `{"model": "nope", "token_ids": [1]}`, http.StatusNotFound, "known models are m"},
@@ -118,6 +139,9 @@ func TestHTTPPods(t *testing.T) {
 	if a.Name != podA || a.Model != testModel || a.Blocks != len(f.hashes) || a.Seq != 7 || !a.HasSeq || a.LastEventTime == nil || a.Stale {
 		t.Errorf("pod A %+v", a)
 	}
+	if !strings.Contains(rec.Body.String(), `"seq":"7"`) {
+		t.Errorf("seq not a string: %s", rec.Body)
+	}
 	// Over the concurrency limit: 429.
 	for range cap(s.sem) {
 		s.sem <- struct{}{}
@@ -129,5 +153,108 @@ func TestHTTPPods(t *testing.T) {
 	}
 	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "too many concurrent queries") {
 		t.Errorf("at the limit: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestHTTPScoreAndStats(t *testing.T) {
+	f := newFleet(t)
+	_ = f.ix.SetStale(context.Background(), podB, true)
+	s := newServer(t, f, Options{Stats: fakeStats{BatchesPerSecond: 3, EventsPerSecond: 48, MemoryBytes: 12345}})
+	do := func(method, path, body string) (int, string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" && rec.Code != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s: Content-Type %q", method, path, ct)
+		}
+		return rec.Code, rec.Body.String()
+	}
+	const other = "10.0.0.9:8000"
+	body, _ := json.Marshal(map[string]any{"model": testModel, "token_ids": f.tokens, "pods": []string{podA, podB, other}, "max_tokens": 1})
+	code, out := do(http.MethodPost, "/v1/score", string(body))
+	var got ScoreResponseJSON
+	if err := json.Unmarshal([]byte(out), &got); code != http.StatusOK || err != nil {
+		t.Fatalf("POST /v1/score: %d %s", code, out)
+	}
+	if len(got.Scores) != 3 || got.Scores[podA] != 1 || got.Scores[podB] != 0 || got.Scores[other] != 0 ||
+		len(got.StalePods) != 1 || got.StalePods[0] != podB || got.IncompletePods == nil || len(got.IncompletePods) != 0 {
+		t.Errorf("POST /v1/score: %s", out)
+	}
+	// The same answer as gRPC's Score.
+	resp, err := s.Score(context.Background(), &prefixdv1.Query{Model: testModel, TokenIds: f.tokens, Pods: []string{podA, podB, other}})
+	if err != nil || !maps.Equal(resp.GetScores(), got.Scores) || !slices.Equal(resp.GetStalePods(), got.StalePods) || len(resp.GetIncompletePods()) != 0 {
+		t.Errorf("Score: %v, %v; HTTP %+v", resp, err, got)
+	}
+	if code, out := do(http.MethodPost, "/v1/score", `{"model":"nope","prompt":"hi"}`); code != http.StatusNotFound || !strings.Contains(out, "known models are m") {
+		t.Errorf("unknown model: %d %s", code, out)
+	}
+	if code, _ := do(http.MethodGet, "/v1/score", ""); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /v1/score: %d", code)
+	}
+
+	code, out = do(http.MethodGet, "/v1/stats", "")
+	var st StatsResponseJSON
+	if err := json.Unmarshal([]byte(out), &st); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /v1/stats: %d %s", code, out)
+	}
+	n := uint64(len(f.hashes))
+	if st.Pods != 2 || st.IndexBlocks != n+n/2 || st.MemoryBytes != 12345 || st.HeapInuseBytes == 0 || st.BatchesPerSecond != 3 || st.EventsPerSecond != 48 {
+		t.Errorf("GET /v1/stats: %s", out)
+	}
+	// Over the concurrency limit: 429, as every endpoint.
+	for range cap(s.sem) {
+		s.sem <- struct{}{}
+	}
+	for _, r := range [][2]string{{http.MethodGet, "/v1/stats"}, {http.MethodPost, "/v1/score"}} {
+		if code, out := do(r[0], r[1], string(body)); code != http.StatusTooManyRequests || !strings.Contains(out, `"reason":"concurrency"`) {
+			t.Errorf("%s %s at the limit: %d %s", r[0], r[1], code, out)
+		}
+	}
+	for range cap(s.sem) {
+		<-s.sem
+	}
+	for _, m := range []string{methodHTTPScore, methodHTTPStats} {
+		if got := testutil.ToFloat64(s.metrics.queries.WithLabelValues(m, resultRejected)); got != 1 {
+			t.Errorf("queries{%s,rejected} = %v, want 1", m, got)
+		}
+	}
+}
+
+// Every recorded request body, as the workload sent it to the sim, is
+// accepted by POST /v1/match and POST /v1/score, and tokenized to the
+// sim's own prompt_tokens.
+func TestHTTPRecordedBodies(t *testing.T) {
+	st, err := memory.New(memory.Options{CapacityBlocks: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := indexer.DefaultOptions()
+	opts.Models = map[string]indexer.ModelOptions{"sim-model": {HashScheme: "llmd", BlockSize: 16, KeyMode: indexer.KeyModeEngine}}
+	ix, err := indexer.New(st, opts, nil, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, &fleet{ix: ix}, Options{})
+	h := s.HTTPHandler()
+	checked := 0
+	for _, r := range fixture.Requests(t, "") {
+		for _, path := range []string{"/v1/match", "/v1/score"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(r.Body)))
+			if rec.Code != http.StatusOK {
+				t.Fatalf("%s:%d: POST %s: %d %s", r.File, r.Line, path, rec.Code, rec.Body)
+			}
+			if path != "/v1/match" || r.PromptTokens < 0 {
+				continue
+			}
+			var m MatchResponseJSON
+			if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil || m.Tokens != r.PromptTokens {
+				t.Fatalf("%s:%d: %d tokens (%v), the sim counted %d", r.File, r.Line, m.Tokens, err, r.PromptTokens)
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no recorded request with prompt_tokens")
 	}
 }

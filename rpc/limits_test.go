@@ -72,12 +72,19 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// POST /v1/match and POST /v1/score are admitted alike.
 func TestHTTPAdmission(t *testing.T) {
+	for path, method := range map[string]string{"/v1/match": methodHTTPMatch, "/v1/score": methodHTTPScore} {
+		t.Run(path, func(t *testing.T) { testHTTPAdmission(t, path, method) })
+	}
+}
+
+func testHTTPAdmission(t *testing.T, path, method string) {
 	f := newFleet(t)
 	s := newServer(t, f, Options{Limits: smallLimits(), Metrics: NewMetrics(nil)})
 	body, _ := json.Marshal(map[string]any{"model": testModel, "token_ids": f.tokens})
 	post := func(body io.Reader, size int64) *http.Request {
-		r := httptest.NewRequest(http.MethodPost, "/v1/match", body)
+		r := httptest.NewRequest(http.MethodPost, path, body)
 		r.ContentLength = size
 		return r
 	}
@@ -153,8 +160,8 @@ func TestHTTPAdmission(t *testing.T) {
 			t.Errorf("refused{%s} = %v, want %v", reason, got, want)
 		}
 	}
-	if got := testutil.ToFloat64(s.metrics.queries.WithLabelValues(methodHTTPMatch, resultRejected)); got != 11 {
-		t.Errorf("queries{http_match,rejected} = %v, want 11", got)
+	if got := testutil.ToFloat64(s.metrics.queries.WithLabelValues(method, resultRejected)); got != 11 {
+		t.Errorf("queries{%s,rejected} = %v, want 11", method, got)
 	}
 }
 
@@ -186,7 +193,7 @@ func TestGRPCAdmission(t *testing.T) {
 	s := newServer(t, f, Options{Limits: smallLimits()})
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s))
 	ctx := context.Background()
-	req := &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens}
+	req := &prefixdv1.Query{Model: testModel, TokenIds: f.tokens}
 	if _, err := api.Match(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +202,7 @@ func TestGRPCAdmission(t *testing.T) {
 	for _, call := range []func() error{
 		func() error { _, err := api.Match(ctx, req); return err },
 		func() error {
-			_, err := api.Score(ctx, &prefixdv1.ScoreRequest{Model: testModel, TokenIds: f.tokens})
+			_, err := api.Score(ctx, &prefixdv1.Query{Model: testModel, TokenIds: f.tokens})
 			return err
 		},
 	} {
@@ -204,7 +211,7 @@ func TestGRPCAdmission(t *testing.T) {
 		}
 	}
 	s.budget.inUse.Store(s.budget.max - int64(s.limits.MaxMessageBytes) - 1)
-	if _, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, Prompt: "hi there"}); status.Code(err) != codes.ResourceExhausted {
+	if _, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, Prompt: "hi there"}); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("no room for the decoded query: %v", err)
 	}
 	s.budget.inUse.Store(0)
@@ -217,10 +224,10 @@ func TestGRPCAdmission(t *testing.T) {
 
 	// A message of a million token ids is refused; what is kept of it is
 	// the limit's worth.
-	if _, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, TokenIds: make([]uint32, 16<<10)}); status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "larger than max") {
+	if _, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, TokenIds: make([]uint32, 16<<10)}); status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "larger than max") {
 		t.Errorf("a message over the size limit: %v", err)
 	}
-	if _, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, TokenIds: make([]uint32, 4097)}); status.Code(err) != codes.InvalidArgument ||
+	if _, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, TokenIds: make([]uint32, 4097)}); status.Code(err) != codes.InvalidArgument ||
 		!strings.Contains(status.Convert(err).Message(), "query has more than 4096 tokens: the limit is 4096") {
 		t.Errorf("over the token limit: %v", err)
 	}
@@ -246,12 +253,12 @@ func TestInterceptorPath(t *testing.T) {
 	}
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s, grpc.UnaryInterceptor(intercept)))
 	ctx := context.Background()
-	req := &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes}
+	req := &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes}
 	resp, err := api.Match(ctx, req)
 	if err != nil || len(resp.GetPods()) != 2 {
 		t.Fatalf("Match: %v %v", resp, err)
 	}
-	if _, err := api.Score(ctx, &prefixdv1.ScoreRequest{Model: testModel, BlockHashes: f.hashes}); err != nil {
+	if _, err := api.Score(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := api.Pods(ctx, &prefixdv1.PodsRequest{}); err != nil {
@@ -269,7 +276,7 @@ func TestInterceptorPath(t *testing.T) {
 	if fmt.Sprint(seen) != fmt.Sprint(want) {
 		t.Errorf("the interceptor saw %q, want %q", seen, want)
 	}
-	if _, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, BlockHashes: make([]uint64, 257)}); status.Code(err) != codes.InvalidArgument {
+	if _, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: make([]uint64, 257)}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("over the block hash limit: %v", err)
 	}
 	if n := s.budget.inUse.Load(); n != 0 {
@@ -319,11 +326,11 @@ func TestPanicAnsweredInternal(t *testing.T) {
 		api := prefixdv1.NewIndexServiceClient(conn)
 		for method, call := range map[string]func() error{
 			"Match": func() error {
-				_, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, TokenIds: tokens})
+				_, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, TokenIds: tokens})
 				return err
 			},
 			"Score": func() error {
-				_, err := api.Score(ctx, &prefixdv1.ScoreRequest{Model: testModel, TokenIds: tokens})
+				_, err := api.Score(ctx, &prefixdv1.Query{Model: testModel, TokenIds: tokens})
 				return err
 			},
 			"Pods":  func() error { _, err := api.Pods(ctx, &prefixdv1.PodsRequest{}); return err },
@@ -337,7 +344,9 @@ func TestPanicAnsweredInternal(t *testing.T) {
 	h := s.HTTPHandler()
 	for _, r := range []*http.Request{
 		httptest.NewRequest(http.MethodPost, "/v1/match", strings.NewReader(`{"model":"m","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}`)),
+		httptest.NewRequest(http.MethodPost, "/v1/score", strings.NewReader(`{"model":"m","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}`)),
 		httptest.NewRequest(http.MethodGet, "/v1/pods", nil),
+		httptest.NewRequest(http.MethodGet, "/v1/stats", nil),
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
@@ -348,7 +357,7 @@ func TestPanicAnsweredInternal(t *testing.T) {
 	if n := s.budget.inUse.Load(); n != 0 || len(s.sem) != 0 {
 		t.Errorf("after the panics: %d bytes reserved, %d slots taken", n, len(s.sem))
 	}
-	for where, want := range map[string]int{whereGRPC: 8, whereHTTP: 2} {
+	for where, want := range map[string]int{whereGRPC: 8, whereHTTP: 4} {
 		if got := counterValue(t, reg, "prefixd_panics_total", "where", where); int(got) != want {
 			t.Errorf("prefixd_panics_total{where=%q} = %v, want %d", where, got, want)
 		}
@@ -411,12 +420,16 @@ func TestIncomplete(t *testing.T) {
 	}
 	evicted := pods.GetPods()[0].GetEvictedBlocks()
 	// The last blocks stored are the ones kept: ask from where they start.
-	resp, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, BlockHashes: keys[len(keys)-16:]})
+	resp, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: keys[len(keys)-16:]})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.GetPods()) != 1 || !resp.GetPods()[0].GetIncomplete() {
 		t.Fatalf("match %v, want podA incomplete", resp)
+	}
+	sr, err := api.Score(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: keys[len(keys)-16:]})
+	if err != nil || len(sr.GetIncompletePods()) != 1 || sr.GetIncompletePods()[0] != podA || len(sr.GetStalePods()) != 0 {
+		t.Fatalf("score %v, %v: want podA incomplete", sr, err)
 	}
 
 	rec := httptest.NewRecorder()
@@ -435,6 +448,11 @@ func TestIncomplete(t *testing.T) {
 	if !strings.Contains(rec.Body.String(), `"incomplete":true`) || !strings.Contains(rec.Body.String(), `"stale":false`) {
 		t.Errorf("field names: %s", rec.Body)
 	}
+	rec = httptest.NewRecorder()
+	s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/score", bytes.NewReader(body)))
+	if want := `{"scores":{"` + podA + `":1},"stale_pods":[],"incomplete_pods":["` + podA + `"]}`; strings.TrimSpace(rec.Body.String()) != want {
+		t.Errorf("POST /v1/score: %s, want %s", rec.Body, want)
+	}
 }
 
 // The pooled gRPC path, admission and decoding included, allocates
@@ -446,7 +464,7 @@ func TestPooledPathAllocations(t *testing.T) {
 	f := newFleet(t)
 	s := newServer(t, f, Options{})
 	ctx := context.Background()
-	req := &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes}
+	req := &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes}
 	b, err := proto.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
@@ -454,7 +472,7 @@ func TestPooledPathAllocations(t *testing.T) {
 	data := mem.BufferSlice{mem.SliceBuffer(b)}
 	dec := func(v any) error { return codec.Codec{}.Unmarshal(data, v) }
 	handler := testing.AllocsPerRun(200, func() {
-		if _, err := matchHandler(s, ctx, dec, nil); err != nil {
+		if _, err := matchMethod.handle(s, ctx, dec, nil); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -477,7 +495,7 @@ func TestGRPCConcurrentLargeQueries(t *testing.T) {
 	f := newFleet(t)
 	s := newServer(t, f, Options{Limits: smallLimits()})
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s))
-	reqs := []*prefixdv1.MatchRequest{
+	reqs := []*prefixdv1.Query{
 		{Model: testModel, TokenIds: make([]uint32, 15<<10)},            // over the token limit
 		{Model: testModel, Prompt: strings.Repeat("word ", 12<<10)},     // over it once tokenized
 		{Model: testModel, Prompt: strings.Repeat("x", 60<<10)},         // one token

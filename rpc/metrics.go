@@ -9,7 +9,9 @@ const (
 	methodPods      = "Pods"
 	methodStats     = "Stats"
 	methodHTTPMatch = "http_match"
+	methodHTTPScore = "http_score"
 	methodHTTPPods  = "http_pods"
+	methodHTTPStats = "http_stats"
 )
 
 // Query results as they appear in the result label.
@@ -22,7 +24,7 @@ const (
 )
 
 var (
-	allMethods = []string{methodMatch, methodScore, methodPods, methodStats, methodHTTPMatch, methodHTTPPods}
+	allMethods = []string{methodMatch, methodScore, methodPods, methodStats, methodHTTPMatch, methodHTTPScore, methodHTTPPods, methodHTTPStats}
 	allResults = []string{resultHit, resultMiss, resultError, resultRejected, resultOK}
 )
 
@@ -44,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "prefixd_query_duration_seconds",
-			Help:    "Time to answer a query, by method (gRPC methods, http_match, http_pods).",
+			Help:    "Time to answer a query, by method (gRPC methods, http_match, http_score, http_pods, http_stats).",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
 		}, []string{"method"}),
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,7 +27,7 @@ import (
 	"github.com/prefixd/prefixd/internal/recovery"
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 	"github.com/prefixd/prefixd/rpc/internal/codec"
-	"github.com/prefixd/prefixd/rpc/internal/querylimit"
+	"github.com/prefixd/prefixd/rpc/querylimit"
 )
 
 // Server answers prefix queries over an Indexer, by gRPC (IndexService,
@@ -151,29 +152,37 @@ func (s *Server) SetServing(serving bool) {
 // query before its request is read (see HTTPHandler and the package doc);
 // called directly, Match takes a concurrency slot and checks req, already
 // in memory, against the limits.
-func (s *Server) Match(ctx context.Context, req *prefixdv1.MatchRequest) (resp *prefixdv1.MatchResponse, err error) {
-	start := time.Now()
-	var res *indexer.Result
-	defer func() { s.done(methodMatch, start, res, err) }()
-	if err := s.acquire(); err != nil {
+func (s *Server) Match(ctx context.Context, req *prefixdv1.Query) (*prefixdv1.MatchResponse, error) {
+	out, err := s.call(ctx, matchMethod, req)
+	if err != nil {
 		return nil, err
 	}
-	defer s.release()
-	resp, res, err = s.match(ctx, req, nil)
-	return resp, err
+	return out.(*prefixdv1.MatchResponse), nil
 }
 
-// Score answers a prefix query with pod -> normalized score; see Match.
-func (s *Server) Score(ctx context.Context, req *prefixdv1.ScoreRequest) (resp *prefixdv1.ScoreResponse, err error) {
+// Score answers a prefix query with pod -> normalized score, and the
+// scored pods that are stale or incomplete; see Match.
+func (s *Server) Score(ctx context.Context, req *prefixdv1.Query) (*prefixdv1.ScoreResponse, error) {
+	out, err := s.call(ctx, scoreMethod, req)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*prefixdv1.ScoreResponse), nil
+}
+
+// call answers req, in memory, by m under a concurrency slot.
+func (s *Server) call(ctx context.Context, m *queryMethod, req *prefixdv1.Query) (out any, err error) {
 	start := time.Now()
 	var res *indexer.Result
-	defer func() { s.done(methodScore, start, res, err) }()
+	defer func() { s.done(m.name, start, res, err) }()
 	if err := s.acquire(); err != nil {
 		return nil, err
 	}
 	defer s.release()
-	resp, res, err = s.score(ctx, req, nil)
-	return resp, err
+	if res, err = s.query(ctx, req, nil); err != nil {
+		return nil, err
+	}
+	return m.respond(res, req), nil
 }
 
 // Pods lists the known pods.
@@ -198,34 +207,16 @@ func (s *Server) Stats(ctx context.Context, _ *prefixdv1.StatsRequest) (resp *pr
 	return s.statsResponse(ctx)
 }
 
-// match answers a decoded Match request; grow, when not nil, reserves what
-// answering allocates beyond the request (tokens of text). The caller holds
-// a concurrency slot.
-func (s *Server) match(ctx context.Context, req *prefixdv1.MatchRequest, grow func(int) error) (*prefixdv1.MatchResponse, *indexer.Result, error) {
+// query answers a decoded query with its match; grow, when not nil,
+// reserves what answering allocates beyond the request (tokens of text).
+// The caller holds a concurrency slot.
+func (s *Server) query(ctx context.Context, req *prefixdv1.Query, grow func(int) error) (*indexer.Result, error) {
 	qb := getQueryBuf()
 	defer qb.put()
-	if err := qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods(), grow); err != nil {
-		return nil, nil, err
+	if err := qb.fromProto(req, grow); err != nil {
+		return nil, err
 	}
-	res, err := s.answer(ctx, qb, grow)
-	if err != nil {
-		return nil, nil, err
-	}
-	return matchResponse(res), res, nil
-}
-
-// score is match for Score.
-func (s *Server) score(ctx context.Context, req *prefixdv1.ScoreRequest, grow func(int) error) (*prefixdv1.ScoreResponse, *indexer.Result, error) {
-	qb := getQueryBuf()
-	defer qb.put()
-	if err := qb.fromProto(req.GetModel(), req.GetLora(), req.GetCacheSalt(), req.GetTokenIds(), req.GetBlockHashes(), req.GetPrompt(), req.GetMessages(), req.GetPods(), grow); err != nil {
-		return nil, nil, err
-	}
-	res, err := s.answer(ctx, qb, grow)
-	if err != nil {
-		return nil, nil, err
-	}
-	return &prefixdv1.ScoreResponse{Scores: Scores(res, req.GetPods())}, res, nil
+	return s.answer(ctx, qb, grow)
 }
 
 func (s *Server) podsResponse(ctx context.Context) (*prefixdv1.PodsResponse, error) {
@@ -269,10 +260,10 @@ func (s *Server) statsResponse(ctx context.Context) (*prefixdv1.StatsResponse, e
 	return out, nil
 }
 
-// decode reads a Match or Score request with dec into t, under the query
-// limits: it reserves MaxMessageBytes for the read (the message's size is
-// not known before), what decoding allocates before it is allocated, and
-// then gives back all but what the decoded request holds. On error nothing
+// decode reads a Query with dec into t, under the query limits: it
+// reserves MaxMessageBytes for the read (the message's size is not known
+// before), what decoding allocates before it is allocated, and then gives
+// back all but what the decoded request holds. On error nothing
 // stays reserved.
 func (s *Server) decode(dec func(any) error, t *codec.Target, rsv *reservation) error {
 	rsv.b = &s.budget
@@ -438,6 +429,28 @@ func Scores(res *indexer.Result, candidates []string) map[string]float64 {
 	return out
 }
 
+// scoreResponse is Score's answer to a match of candidate pods.
+func scoreResponse(res *indexer.Result, candidates []string) *prefixdv1.ScoreResponse {
+	stale, incomplete := flagged(res)
+	return &prefixdv1.ScoreResponse{Scores: Scores(res, candidates), StalePods: stale, IncompletePods: incomplete}
+}
+
+// flagged returns the matched pods that are stale, and those that are
+// incomplete, each sorted, or nil.
+func flagged(res *indexer.Result) (stale, incomplete []string) {
+	for _, p := range res.Pods {
+		if p.Stale {
+			stale = append(stale, p.Pod)
+		}
+		if p.Incomplete {
+			incomplete = append(incomplete, p.Pod)
+		}
+	}
+	slices.Sort(stale)
+	slices.Sort(incomplete)
+	return stale, incomplete
+}
+
 func matchResponse(res *indexer.Result) *prefixdv1.MatchResponse {
 	out := &prefixdv1.MatchResponse{
 		Model:       res.Model,
@@ -523,13 +536,14 @@ const (
 	sizePart    = 32 // tokenize.Part
 )
 
-// fromProto sets the query from a request's fields, converting its chat
-// messages; grow, when not nil, reserves the conversion first.
-func (qb *queryBuf) fromProto(model, lora, salt string, tokens []uint32, hashes []uint64, prompt string, msgs []*prefixdv1.ChatMessage, pods []string, grow func(int) error) error {
+// fromProto sets the query from req, converting its chat messages; grow,
+// when not nil, reserves the conversion first.
+func (qb *queryBuf) fromProto(req *prefixdv1.Query, grow func(int) error) error {
 	qb.q = indexer.Query{
-		Model: model, LoRA: lora, CacheSalt: salt,
-		TokenIDs: tokens, BlockHashes: hashes, Prompt: prompt, Pods: pods,
+		Model: req.GetModel(), LoRA: req.GetLora(), CacheSalt: req.GetCacheSalt(),
+		TokenIDs: req.GetTokenIds(), BlockHashes: req.GetBlockHashes(), Prompt: req.GetPrompt(), Pods: req.GetPods(),
 	}
+	msgs := req.GetMessages()
 	if len(msgs) == 0 {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,15 +41,15 @@ func TestMatchEachInput(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name       string
-		req        *prefixdv1.MatchRequest
+		req        *prefixdv1.Query
 		tokens     int
 		wantBlocks int // pod A's
 	}{
-		{"token_ids", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens}, len(f.tokens), n},
-		{"block_hashes", &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes}, 0, n},
-		{"prompt", &prefixdv1.MatchRequest{Model: testModel, Prompt: string(tokenize.AppendFlat(nil, f.messages))}, len(f.tokens), n},
-		{"messages", &prefixdv1.MatchRequest{Model: testModel, Messages: protoMessages(f.messages)}, len(f.tokens), n},
-		{"content parts", &prefixdv1.MatchRequest{Model: testModel, Messages: parts}, -1, -1},
+		{"token_ids", &prefixdv1.Query{Model: testModel, TokenIds: f.tokens}, len(f.tokens), n},
+		{"block_hashes", &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes}, 0, n},
+		{"prompt", &prefixdv1.Query{Model: testModel, Prompt: string(tokenize.AppendFlat(nil, f.messages))}, len(f.tokens), n},
+		{"messages", &prefixdv1.Query{Model: testModel, Messages: protoMessages(f.messages)}, len(f.tokens), n},
+		{"content parts", &prefixdv1.Query{Model: testModel, Messages: parts}, -1, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := api.Match(context.Background(), tc.req)
@@ -86,7 +87,7 @@ func TestMatchEachInput(t *testing.T) {
 func TestMatchCandidatesAndLoRA(t *testing.T) {
 	f := newFleet(t)
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, newServer(t, f, Options{})))
-	resp, err := api.Match(context.Background(), &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes, Pods: []string{podB}})
+	resp, err := api.Match(context.Background(), &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes, Pods: []string{podB}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestMatchCandidatesAndLoRA(t *testing.T) {
 	}
 	// An adapter's name answers for its base model; nothing was stored
 	// under the adapter's root.
-	resp, err = api.Match(context.Background(), &prefixdv1.MatchRequest{Model: testLoRA, TokenIds: f.tokens})
+	resp, err = api.Match(context.Background(), &prefixdv1.Query{Model: testLoRA, TokenIds: f.tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestScore(t *testing.T) {
 	f := newFleet(t)
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, newServer(t, f, Options{})))
 	const other = "10.0.0.9:8000"
-	resp, err := api.Score(context.Background(), &prefixdv1.ScoreRequest{Model: testModel, TokenIds: f.tokens, Pods: []string{podA, podB, other}})
+	resp, err := api.Score(context.Background(), &prefixdv1.Query{Model: testModel, TokenIds: f.tokens, Pods: []string{podA, podB, other}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,12 +125,27 @@ func TestScore(t *testing.T) {
 	}
 	// Only pod B holds the first block's prefix from block 0 when asked
 	// alone: equal scores all normalize to 1.
-	resp, err = api.Score(context.Background(), &prefixdv1.ScoreRequest{Model: testModel, BlockHashes: f.hashes[:1]})
+	resp, err = api.Score(context.Background(), &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes[:1]})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := resp.GetScores(); len(got) != 2 || got[podA] != 1 || got[podB] != 1 {
 		t.Errorf("one-block scores %v, want both 1", got)
+	}
+	if len(resp.GetStalePods()) != 0 || len(resp.GetIncompletePods()) != 0 {
+		t.Errorf("no pod is stale or incomplete: %v", resp)
+	}
+	// A stale pod is named, and only a matched one: a candidate without a
+	// match is not checked.
+	f.store(t, other, []uint64{12345})
+	_ = f.ix.SetStale(context.Background(), podB, true)
+	_ = f.ix.SetStale(context.Background(), other, true)
+	resp, err = api.Score(context.Background(), &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes, Pods: []string{podA, podB, other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetStalePods(); !slices.Equal(got, []string{podB}) {
+		t.Errorf("stale pods %v, want [%s]", got, podB)
 	}
 }
 
@@ -223,7 +239,7 @@ func TestDeadlineHonoured(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()
 	// The server itself refuses work whose deadline passed.
-	_, err := s.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens})
+	_, err := s.Match(ctx, &prefixdv1.Query{Model: testModel, TokenIds: f.tokens})
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("Match past its deadline: %v, want DeadlineExceeded", err)
 	}
@@ -234,7 +250,7 @@ func TestDeadlineHonoured(t *testing.T) {
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s))
 	ctx, cancel = context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
-	if _, err := api.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens}); status.Code(err) != codes.DeadlineExceeded {
+	if _, err := api.Match(ctx, &prefixdv1.Query{Model: testModel, TokenIds: f.tokens}); status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("Match with a 1ns timeout: %v", err)
 	}
 }
@@ -245,19 +261,19 @@ func TestErrors(t *testing.T) {
 	api := prefixdv1.NewIndexServiceClient(serveBufconn(t, s))
 	for _, tc := range []struct {
 		name string
-		req  *prefixdv1.MatchRequest
+		req  *prefixdv1.Query
 		code codes.Code
 		msg  string
 	}{
-		{"unknown model", &prefixdv1.MatchRequest{Model: "nope", TokenIds: f.tokens[:16]}, codes.NotFound, `unknown model "nope": known models are m`},
-		{"no model", &prefixdv1.MatchRequest{TokenIds: f.tokens[:16]}, codes.InvalidArgument, "model is required"},
-		{"empty", &prefixdv1.MatchRequest{Model: testModel}, codes.InvalidArgument, "empty query"},
-		{"empty prompt", &prefixdv1.MatchRequest{Model: testModel, Prompt: "  \n "}, codes.InvalidArgument, "empty prompt"},
-		{"two inputs", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:16], Prompt: "hi"}, codes.InvalidArgument, "give exactly one"},
-		{"max tokens", &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:33]}, codes.InvalidArgument, "more than 32 tokens: the limit is 32"},
-		{"max tokens of text", &prefixdv1.MatchRequest{Model: testModel, Messages: protoMessages(f.messages)}, codes.InvalidArgument, "the limit is 32"},
-		{"max block hashes", &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[:5]}, codes.InvalidArgument, "more than 4 block hashes: the limit is 4"},
-		{"message size", &prefixdv1.MatchRequest{Model: testModel, Prompt: strings.Repeat("x ", 600)}, codes.ResourceExhausted, "1024"},
+		{"unknown model", &prefixdv1.Query{Model: "nope", TokenIds: f.tokens[:16]}, codes.NotFound, `unknown model "nope": known models are m`},
+		{"no model", &prefixdv1.Query{TokenIds: f.tokens[:16]}, codes.InvalidArgument, "model is required"},
+		{"empty", &prefixdv1.Query{Model: testModel}, codes.InvalidArgument, "empty query"},
+		{"empty prompt", &prefixdv1.Query{Model: testModel, Prompt: "  \n "}, codes.InvalidArgument, "empty prompt"},
+		{"two inputs", &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[:16], Prompt: "hi"}, codes.InvalidArgument, "give exactly one"},
+		{"max tokens", &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[:33]}, codes.InvalidArgument, "more than 32 tokens: the limit is 32"},
+		{"max tokens of text", &prefixdv1.Query{Model: testModel, Messages: protoMessages(f.messages)}, codes.InvalidArgument, "the limit is 32"},
+		{"max block hashes", &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes[:5]}, codes.InvalidArgument, "more than 4 block hashes: the limit is 4"},
+		{"message size", &prefixdv1.Query{Model: testModel, Prompt: strings.Repeat("x ", 600)}, codes.ResourceExhausted, "1024"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := api.Match(context.Background(), tc.req)
@@ -270,13 +286,13 @@ func TestErrors(t *testing.T) {
 	// Every concurrency slot taken: the next query is refused at once.
 	s.sem <- struct{}{}
 	s.sem <- struct{}{}
-	_, err := api.Score(context.Background(), &prefixdv1.ScoreRequest{Model: testModel, TokenIds: f.tokens[:16]})
+	_, err := api.Score(context.Background(), &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[:16]})
 	<-s.sem
 	<-s.sem
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "the limit is 2") {
 		t.Errorf("over the concurrency limit: %v", err)
 	}
-	if _, err := api.Score(context.Background(), &prefixdv1.ScoreRequest{Model: testModel, TokenIds: f.tokens[:16]}); err != nil {
+	if _, err := api.Score(context.Background(), &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[:16]}); err != nil {
 		t.Errorf("after slots freed: %v", err)
 	}
 }
@@ -318,13 +334,13 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	s := newServer(t, f, Options{Metrics: NewMetrics(reg)})
 	ctx := context.Background()
-	if _, err := s.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes}); err != nil {
+	if _, err := s.Match(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Match(ctx, &prefixdv1.MatchRequest{Model: testModel, BlockHashes: []uint64{1, 2}}); err != nil {
+	if _, err := s.Match(ctx, &prefixdv1.Query{Model: testModel, BlockHashes: []uint64{1, 2}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Match(ctx, &prefixdv1.MatchRequest{Model: "nope", BlockHashes: []uint64{1}}); err == nil {
+	if _, err := s.Match(ctx, &prefixdv1.Query{Model: "nope", BlockHashes: []uint64{1}}); err == nil {
 		t.Fatal("unknown model answered")
 	}
 	if _, err := s.Pods(ctx, &prefixdv1.PodsRequest{}); err != nil {
@@ -379,11 +395,11 @@ func TestPooledRequestsConcurrent(t *testing.T) {
 				)
 				if i%2 == 0 {
 					var r *prefixdv1.MatchResponse
-					r, err = api.Match(context.Background(), &prefixdv1.MatchRequest{Model: testModel, BlockHashes: f.hashes[:k]})
+					r, err = api.Match(context.Background(), &prefixdv1.Query{Model: testModel, BlockHashes: f.hashes[:k]})
 					total, pods = int(r.GetTotalBlocks()), r.GetPods()
 				} else {
 					var r *prefixdv1.MatchResponse
-					r, err = api.Match(context.Background(), &prefixdv1.MatchRequest{Model: testModel, TokenIds: f.tokens[:16*k], Pods: []string{podA}})
+					r, err = api.Match(context.Background(), &prefixdv1.Query{Model: testModel, TokenIds: f.tokens[:16*k], Pods: []string{podA}})
 					total, pods = int(r.GetTotalBlocks()), r.GetPods()
 				}
 				if err != nil {

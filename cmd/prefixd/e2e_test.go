@@ -130,13 +130,15 @@ func TestEndToEnd(t *testing.T) {
 		if got := answerJSON(t, indexerResult(res)); got != want[i] {
 			t.Fatalf("request %d: client:\n%s\nreplay:\n%s", i, got, want[i])
 		}
+		// grpcurl-style: descriptors from reflection, JSON in and out
+		// (protojson, which refuses fields the Query lacks).
 		body, _ := json.Marshal(map[string]any{"model": chat.Model, "messages": chat.Messages})
-		// grpcurl-style: descriptors from reflection, JSON in and out.
 		if got := match(string(body)); got != want[i] {
 			t.Fatalf("request %d: reflection:\n%s\nreplay:\n%s", i, got, want[i])
 		}
-		// curl on the JSON endpoint.
-		if got := httpMatch(t, base, body); got != want[i] {
+		// curl on the JSON endpoint, with the body as the workload sent it
+		// (max_tokens, stream and all).
+		if got := httpMatch(t, base, r.Body); got != want[i] {
 			t.Fatalf("request %d: POST /v1/match:\n%s\nreplay:\n%s", i, got, want[i])
 		}
 	}

@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/blockhash"
 	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/rpc/querybody"
 )
 
 // runHash prints the block hashes of one prompt: a chat request, a
@@ -20,10 +23,10 @@ func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("hash", "(--chat FILE | --prompt TEXT | --tokens 1,2,3)", stderr)
 	var hf hashFlags
 	hf.register(fs)
-	chat := fs.String("chat", "", "file holding an OpenAI chat request body or a bare messages array,\ntokenized with the sim's tokenizer")
+	chat := fs.String("chat", "", "file holding an OpenAI chat-completions or completions request body as sent,\na recorded request line {\"request\": {...}}, or a bare messages array;\ntext is tokenized with the sim's tokenizer")
 	prompt := fs.String("prompt", "", "completion prompt text, tokenized with the sim's tokenizer")
 	tokens := fs.String("tokens", "", "token ids, comma-separated")
-	asJSON := fs.Bool("json", false, `print one JSON object {"token_count": N, "token_ids": [...], "block_hashes": [...]}`)
+	asJSON := fs.Bool("json", false, `print one JSON object {"token_count": N, "token_ids": [...], "block_hashes": ["...", ...]}`+"\n(hashes as decimal strings, as protojson writes 64-bit integers)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -46,20 +49,17 @@ func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	var ids []uint32
-	var model string
+	var body blockhash.Prompt // of a --chat body
 	switch input {
 	case "chat":
-		data, err := os.ReadFile(*chat)
+		q, err := readQuery(*chat)
 		if err != nil {
-			return fmt.Errorf("--chat: %w", err)
+			return err
 		}
-		req, err := tokenize.ParseChat(data)
-		if err != nil {
+		body = blockhash.Prompt{Model: q.Model, LoRA: q.LoRA, CacheSalt: q.CacheSalt}
+		if ids, err = bodyTokens(&q); err != nil {
 			return fmt.Errorf("--chat %s: %w", *chat, err)
 		}
-		model = req.Model
-		var tk tokenize.Tokenizer
-		ids = tk.AppendChat(nil, req.Messages)
 	case "tokens":
 		if ids, err = parseTokenIDs(*tokens); err != nil {
 			return usageErrorf(fs, "--tokens: %v", err)
@@ -67,7 +67,7 @@ func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		ids = tokenize.AppendIDs(nil, *prompt)
 	}
-	p, err := hf.prompt(fs, model)
+	p, err := hf.prompt(fs, body)
 	if err != nil {
 		return err
 	}
@@ -79,9 +79,9 @@ func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	w := bufio.NewWriter(stdout)
 	if *asJSON {
 		out := struct {
-			TokenCount  int      `json:"token_count"`
-			TokenIDs    []uint32 `json:"token_ids"`
-			BlockHashes []uint64 `json:"block_hashes"`
+			TokenCount  int              `json:"token_count"`
+			TokenIDs    []uint32         `json:"token_ids"`
+			BlockHashes querybody.Hashes `json:"block_hashes"`
 		}{len(ids), ids, keys}
 		if out.TokenIDs == nil {
 			out.TokenIDs = []uint32{}
@@ -100,6 +100,23 @@ func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return w.Flush()
+}
+
+// bodyTokens returns the token ids of a request body's query: its chat or
+// its prompt tokenized, or its token ids.
+func bodyTokens(q *indexer.Query) ([]uint32, error) {
+	switch {
+	case len(q.BlockHashes) > 0:
+		return nil, errors.New("the body gives block hashes: there is nothing to hash")
+	case len(q.Messages) > 0:
+		var tk tokenize.Tokenizer
+		return tk.AppendChat(nil, q.Messages), nil
+	case q.Prompt != "":
+		return tokenize.AppendIDs(nil, q.Prompt), nil
+	case len(q.TokenIDs) > 0:
+		return q.TokenIDs, nil
+	}
+	return nil, errors.New("the body holds no prompt: give messages, prompt or token_ids")
 }
 
 // parseTokenIDs parses comma-separated uint32 token ids.

@@ -11,7 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/internal/fixture"
+	"github.com/prefixd/prefixd/rpc/querybody"
+	"github.com/prefixd/prefixd/rpc/querylimit"
 )
 
 // runCmd runs prefixd with args and returns its exit code and output.
@@ -91,10 +95,13 @@ func TestHashChatMatchesRecording(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("--json: exit %d: %s", code, errOut)
 	}
+	if !strings.Contains(out, `"block_hashes":["`) {
+		t.Errorf("--json: hashes are not strings: %s", out)
+	}
 	var res struct {
-		TokenCount  int      `json:"token_count"`
-		TokenIDs    []uint32 `json:"token_ids"`
-		BlockHashes []uint64 `json:"block_hashes"`
+		TokenCount  int              `json:"token_count"`
+		TokenIDs    []uint32         `json:"token_ids"`
+		BlockHashes querybody.Hashes `json:"block_hashes"`
 	}
 	d := json.NewDecoder(strings.NewReader(out))
 	d.DisallowUnknownFields()
@@ -102,7 +109,7 @@ func TestHashChatMatchesRecording(t *testing.T) {
 		t.Fatalf("--json output %q: %v", out, err)
 	}
 	// 248 is the sim's usage.prompt_tokens for that request.
-	if res.TokenCount != 248 || len(res.TokenIDs) != 248 || !slices.Equal(res.BlockHashes, want) {
+	if res.TokenCount != 248 || len(res.TokenIDs) != 248 || !slices.Equal([]uint64(res.BlockHashes), want) {
 		t.Errorf("--json: %d tokens (%d ids), hashes %v", res.TokenCount, len(res.TokenIDs), res.BlockHashes)
 	}
 
@@ -130,6 +137,83 @@ func TestHashChatMatchesRecording(t *testing.T) {
 	if code != 0 || !slices.Equal(parseLines(t, out), want) {
 		t.Errorf("--tokens: exit %d, %q, %s", code, out, errOut)
 	}
+	// A completions body of the flattened chat, and of its token ids.
+	for name, prompt := range map[string]any{"text": string(tokenize.AppendFlat(nil, chatMessages(t, data))), "token ids": res.TokenIDs} {
+		file := filepath.Join(t.TempDir(), "completion.json")
+		b, _ := json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt, "max_tokens": 16, "echo": false})
+		if err := os.WriteFile(file, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut = runCmd(t, "hash", "--chat", file)
+		if code != 0 || !slices.Equal(parseLines(t, out), want) {
+			t.Errorf("completions body of %s: exit %d, %q, %s", name, code, out, errOut)
+		}
+	}
+}
+
+func chatMessages(t *testing.T, body []byte) []tokenize.Message {
+	t.Helper()
+	var q indexer.Query
+	if err := querybody.Decode(body, &q, querylimit.Limits{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}
+
+// Every recorded request, as a body and as its recorded line, is hashed
+// from the sim's own token count, and a recorded line hashes as its body.
+func TestHashEveryRecordedRequest(t *testing.T) {
+	for _, dir := range fixture.Recordings {
+		files, _ := filepath.Glob(fixture.Path(t, dir, "requests*.jsonl"))
+		for _, file := range files {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := fixture.Requests(t, dir)
+			lines := bytes.Split(bytes.TrimSpace(data), []byte("\n"))
+			for i, line := range lines {
+				r := findRequest(t, reqs, file, i+1)
+				lineFile := filepath.Join(t.TempDir(), "line.json")
+				bodyFile := filepath.Join(t.TempDir(), "body.json")
+				if err := os.WriteFile(lineFile, line, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(bodyFile, r.Body, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				code, fromLine, errOut := runCmd(t, "hash", "--chat", lineFile, "--json")
+				if code != 0 {
+					t.Fatalf("%s:%d: exit %d: %s", file, i+1, code, errOut)
+				}
+				code, fromBody, errOut := runCmd(t, "hash", "--chat", bodyFile, "--json")
+				if code != 0 || fromBody != fromLine {
+					t.Fatalf("%s:%d: the body (exit %d, %s) hashes to\n%s\nthe recorded line to\n%s", file, i+1, code, errOut, fromBody, fromLine)
+				}
+				var res struct {
+					TokenCount int `json:"token_count"`
+				}
+				if err := json.Unmarshal([]byte(fromLine), &res); err != nil {
+					t.Fatal(err)
+				}
+				if r.PromptTokens >= 0 && res.TokenCount != r.PromptTokens {
+					t.Errorf("%s:%d: %d tokens, the sim counted %d", file, i+1, res.TokenCount, r.PromptTokens)
+				}
+			}
+		}
+	}
+}
+
+// findRequest returns the request recorded at file:line.
+func findRequest(t *testing.T, reqs []fixture.Request, file string, line int) fixture.Request {
+	t.Helper()
+	for _, r := range reqs {
+		if r.File == file && r.Line == line {
+			return r
+		}
+	}
+	t.Fatalf("no request at %s:%d", file, line)
+	return fixture.Request{}
 }
 
 func TestHashSchemes(t *testing.T) {

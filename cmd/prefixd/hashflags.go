@@ -22,9 +22,9 @@ type hashFlags struct {
 // register adds the flags of commands that hash one prompt (hash, query).
 func (h *hashFlags) register(fs *flag.FlagSet) {
 	h.registerScheme(fs)
-	fs.StringVar(&h.model, "model", "", "served model name (default: a chat request's \"model\")")
-	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets")
-	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none)")
+	fs.StringVar(&h.model, "model", "", "served model name (default: the --chat body's \"model\")")
+	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets (default: the --chat body's \"lora\")")
+	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none;\ndefault: the --chat body's \"cache_salt\")")
 }
 
 // registerIndex adds the hash flags of commands that build an index
@@ -67,15 +67,18 @@ func (h *hashFlags) hasher(fs *flag.FlagSet) (*blockhash.Hasher, error) {
 	return hs, nil
 }
 
-// prompt returns the flags' model, adapter and salt as a Prompt, with model
-// standing in for an unset --model; call it after hasher. The llmd and xxh3
-// chains need a model.
-func (h *hashFlags) prompt(fs *flag.FlagSet, model string) (blockhash.Prompt, error) {
-	if h.model != "" {
-		model = h.model
+// prompt returns the flags' model, adapter and salt as a Prompt, with
+// body's (a request body's) standing in for flags not given; call it after
+// hasher. The llmd and xxh3 chains need a model.
+func (h *hashFlags) prompt(fs *flag.FlagSet, body blockhash.Prompt) (blockhash.Prompt, error) {
+	p := body
+	for _, f := range []struct{ flag, field *string }{{&h.model, &p.Model}, {&h.lora, &p.LoRA}, {&h.cacheSalt, &p.CacheSalt}} {
+		if *f.flag != "" {
+			*f.field = *f.flag
+		}
 	}
-	if model == "" && h.parsed != blockhash.VLLMSHA256CBOR {
+	if p.Model == "" && h.parsed != blockhash.VLLMSHA256CBOR {
 		return blockhash.Prompt{}, usageErrorf(fs, "--model is required: the %s chain starts from the served model's name", h.scheme)
 	}
-	return blockhash.Prompt{Model: model, LoRA: h.lora, CacheSalt: h.cacheSalt}, nil
+	return p, nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/internal/fixture"
 	"github.com/prefixd/prefixd/testutil/zmqpub"
 )
@@ -184,12 +183,7 @@ func allAnswers(t *testing.T, base string) string {
 	t.Helper()
 	var b strings.Builder
 	for _, r := range fixture.Requests(t, "a_array_random_seedless") {
-		chat, err := tokenize.ParseChat(r.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := json.Marshal(map[string]any{"model": chat.Model, "messages": chat.Messages})
-		resp, err := httpClient.Post(base+"/v1/match", "application/json", bytes.NewReader(body))
+		resp, err := httpClient.Post(base+"/v1/match", "application/json", bytes.NewReader(r.Body))
 		if err != nil {
 			t.Fatal(err)
 		}

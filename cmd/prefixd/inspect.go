@@ -14,13 +14,14 @@ import (
 
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/recording"
+	"github.com/prefixd/prefixd/rpc/querybody"
 )
 
 // runInspect prints what recordings hold: one line (or JSON object) per
 // batch, then the seq gaps of every stream across all the files.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect", "FILE...", stderr)
-	asJSON := fs.Bool("json", false, "print one JSON object per batch with its decoded events")
+	asJSON := fs.Bool("json", false, "print one JSON object per batch with its decoded events\n(hashes and seqs as decimal strings, as protojson writes 64-bit integers)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -209,7 +210,7 @@ func (in *inspector) printJSON(path string, m *recording.Message) {
 	l = append(l, `,"topic":`...)
 	l = appendJSONString(l, string(b.Topic))
 	l = append(l, `,"seq":`...)
-	l = strconv.AppendUint(l, b.Seq, 10)
+	l = querybody.AppendHash(l, b.Seq)
 	l = append(l, `,"ts":`...)
 	l = appendFloat(l, b.TS)
 	l = append(l, `,"dp_rank":`...)
@@ -234,26 +235,20 @@ func (in *inspector) printJSON(path string, m *recording.Message) {
 	in.emit(l)
 }
 
-// appendEventJSON writes one event; hashes and tokens are JSON integers,
-// exact for every uint64.
+// appendEventJSON writes one event; hashes are decimal strings (exact for
+// every uint64, in JavaScript too), tokens JSON integers.
 func appendEventJSON(l []byte, e *events.Event) []byte {
 	l = append(l, `{"type":`...)
 	l = appendJSONString(l, e.Kind.String())
 	if e.Kind == events.KindAllBlocksCleared {
 		return append(l, '}')
 	}
-	l = append(l, `,"block_hashes":[`...)
-	for i, h := range e.BlockHashes {
-		if i > 0 {
-			l = append(l, ',')
-		}
-		l = strconv.AppendUint(l, h, 10)
-	}
-	l = append(l, ']')
+	l = append(l, `,"block_hashes":`...)
+	l = querybody.AppendHashes(l, e.BlockHashes)
 	if e.Kind == events.KindBlockStored {
 		l = append(l, `,"parent_block_hash":`...)
 		if e.HasParent {
-			l = strconv.AppendUint(l, e.ParentHash, 10)
+			l = querybody.AppendHash(l, e.ParentHash)
 		} else {
 			l = append(l, "null"...)
 		}
@@ -359,13 +354,13 @@ func (in *inspector) summary() {
 			} else {
 				l = append(l, "null"...)
 			}
-			l = fmt.Appendf(l, `,"batches":%d,"first_seq":%d,"last_seq":%d,"missing":%d,"restarts":%d,"gaps":[`,
+			l = fmt.Appendf(l, `,"batches":%d,"first_seq":"%d","last_seq":"%d","missing":%d,"restarts":%d,"gaps":[`,
 				s.batches, s.first, s.last, s.missing, s.restarts)
 			for j, g := range s.gaps {
 				if j > 0 {
 					l = append(l, ',')
 				}
-				l = fmt.Appendf(l, "[%d,%d]", g.first, g.last)
+				l = fmt.Appendf(l, `["%d","%d"]`, g.first, g.last)
 			}
 			l = append(l, "]}"...)
 		}

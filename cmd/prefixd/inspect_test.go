@@ -17,6 +17,7 @@ import (
 
 	"github.com/prefixd/prefixd/events/recording"
 	"github.com/prefixd/prefixd/internal/fixture"
+	"github.com/prefixd/prefixd/rpc/querybody"
 )
 
 func runInspectTest(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -122,21 +123,21 @@ func TestInspectJSON(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 	type event struct {
-		Type        string          `json:"type"`
-		BlockHashes []uint64        `json:"block_hashes"`
-		Parent      *uint64         `json:"parent_block_hash"`
-		TokenIDs    []uint32        `json:"token_ids"`
-		BlockSize   int             `json:"block_size"`
-		Medium      string          `json:"medium"`
-		LoRAID      *int64          `json:"lora_id"`
-		LoRAName    *string         `json:"lora_name"`
-		Raw         json.RawMessage `json:"-"`
+		Type        string           `json:"type"`
+		BlockHashes querybody.Hashes `json:"block_hashes"`
+		Parent      *string          `json:"parent_block_hash"`
+		TokenIDs    []uint32         `json:"token_ids"`
+		BlockSize   int              `json:"block_size"`
+		Medium      string           `json:"medium"`
+		LoRAID      *int64           `json:"lora_id"`
+		LoRAName    *string          `json:"lora_name"`
+		Raw         json.RawMessage  `json:"-"`
 	}
 	type batch struct {
 		File    string          `json:"file"`
 		Record  int             `json:"record"`
 		Topic   string          `json:"topic"`
-		Seq     uint64          `json:"seq"`
+		Seq     uint64          `json:"seq,string"`
 		DPRank  *int            `json:"dp_rank"`
 		Events  []event         `json:"events"`
 		Summary json.RawMessage `json:"summary"`
@@ -148,7 +149,7 @@ func TestInspectJSON(t *testing.T) {
 	stored, removed := 0, 0
 	for sc.Scan() {
 		var b batch
-		// Numbers decode into uint64 exactly: a float would fail here.
+		// Hashes and seqs are strings, decoded exactly: a float would fail.
 		if err := json.Unmarshal(sc.Bytes(), &b); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
@@ -161,6 +162,11 @@ func TestInspectJSON(t *testing.T) {
 			switch e.Type {
 			case "BlockStored":
 				stored++
+				if e.Parent != nil {
+					if _, err := strconv.ParseUint(*e.Parent, 10, 64); err != nil {
+						t.Errorf("record %d: parent_block_hash %q: %v", b.Record, *e.Parent, err)
+					}
+				}
 				if len(e.TokenIDs) != 16*len(e.BlockHashes) || e.BlockSize != 16 || e.Medium != "GPU" ||
 					e.LoRAID != nil || e.LoRAName != nil {
 					t.Errorf("record %d: BlockStored %+v", b.Record, e)
@@ -184,7 +190,7 @@ func TestInspectJSON(t *testing.T) {
 		t.Errorf("first event %+v", e)
 	}
 	if !strings.Contains(string(summary), `"batches":34,"failed":0`) ||
-		!strings.Contains(string(summary), `{"topic":"kv@127.0.0.1:8003@sim-model","dp_rank":0,"batches":13,"first_seq":1,"last_seq":13,"missing":0,"restarts":0,"gaps":[]}`) {
+		!strings.Contains(string(summary), `{"topic":"kv@127.0.0.1:8003@sim-model","dp_rank":0,"batches":13,"first_seq":"1","last_seq":"13","missing":0,"restarts":0,"gaps":[]}`) {
 		t.Errorf("summary %s", summary)
 	}
 }

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/rpc/client"
+	"github.com/prefixd/prefixd/rpc/querybody"
 )
 
 // runQuery asks a running prefixd which pods hold how much of one prompt.
@@ -23,14 +23,14 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("query", "(--chat FILE | --prompt TEXT | --tokens 1,2,3 | --block-hashes H1,H2) --model M", stderr)
 	var (
 		addr      = fs.String("addr", "localhost:50051", "prefixd's gRPC address, HOST:PORT")
-		model     = fs.String("model", "", "served model name, or a LoRA adapter's name (default: a chat request's \"model\")")
+		model     = fs.String("model", "", "served model name, or a LoRA adapter's name (default: the --chat body's \"model\")")
 		lora      = fs.String("lora", "", "LoRA adapter the request targets, when --model names the base model")
 		cacheSalt = fs.String("cache-salt", "", "the request's cache_salt")
-		chat      = fs.String("chat", "", "file holding an OpenAI chat request body, a bare messages array,\nor a recorded request line {\"request\": {...}}; tokenized by the server")
+		chat      = fs.String("chat", "", "file holding an OpenAI chat-completions or completions request body as sent,\na recorded request line {\"request\": {...}}, or a bare messages array;\nfields a query does not use are skipped, text is tokenized by the server")
 		prompt    = fs.String("prompt", "", "completion prompt text, tokenized by the server")
 		tokens    = fs.String("tokens", "", "token ids, comma-separated")
 		hashes    = fs.String("block-hashes", "", "block hashes (index keys), comma-separated")
-		pods      = fs.String("pods", "", "candidate pods, comma-separated (default all)")
+		pods      = fs.String("pods", "", "candidate pods, comma-separated (default the --chat body's \"pods\", or all)")
 		timeout   = fs.Duration("timeout", 5*time.Second, "deadline of the query")
 		asJSON    = fs.Bool("json", false, `print one line {"total_blocks": N, "pods": {"ip:port": {"blocks": n, "tokens": n, "score": s}}},`+"\nas prefixd replay --query does")
 	)
@@ -55,32 +55,15 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErrorf(fs, "--timeout %v: want > 0", *timeout)
 	}
 
-	q := &client.Query{Model: *model, LoRA: *lora, CacheSalt: *cacheSalt}
-	if *pods != "" {
-		for _, p := range strings.Split(*pods, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				q.Pods = append(q.Pods, p)
-			}
-		}
-	}
+	q := new(client.Query)
 	var err error
 	switch input {
 	case "chat":
-		req, err := readChat(*chat)
+		body, err := readQuery(*chat)
 		if err != nil {
 			return err
 		}
-		if q.Model == "" {
-			q.Model = req.Model
-		}
-		q.Messages = make([]client.Message, len(req.Messages))
-		for i, m := range req.Messages {
-			cm := client.Message{Role: m.Role, Content: m.Content.Text}
-			for _, p := range m.Content.Parts {
-				cm.Parts = append(cm.Parts, client.Part{Type: p.Type, Text: p.Text})
-			}
-			q.Messages[i] = cm
-		}
+		q = clientQuery(&body)
 	case "prompt":
 		q.Prompt = *prompt
 	case "tokens":
@@ -92,8 +75,22 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErrorf(fs, "--block-hashes: %v", err)
 		}
 	}
+	// Flags given stand in for the body's fields.
+	for _, f := range []struct{ flag, field *string }{{model, &q.Model}, {lora, &q.LoRA}, {cacheSalt, &q.CacheSalt}} {
+		if *f.flag != "" {
+			*f.field = *f.flag
+		}
+	}
+	if *pods != "" {
+		q.Pods = nil
+		for _, p := range strings.Split(*pods, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				q.Pods = append(q.Pods, p)
+			}
+		}
+	}
 	if q.Model == "" {
-		return usageErrorf(fs, "--model is required (a chat request's \"model\" stands in for it)")
+		return usageErrorf(fs, "--model is required (a request body's \"model\" stands in for it)")
 	}
 
 	c, err := client.Dial(*addr)
@@ -113,24 +110,35 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return printMatch(stdout, res)
 }
 
-// readChat reads a chat request file as `prefixd replay --query` reads
-// each line: a recorded request's "request" field, or the body itself.
-func readChat(path string) (tokenize.ChatRequest, error) {
+// readQuery reads the query of a request file as `prefixd replay --query`
+// reads each line: a body, a recorded request's "request", or a bare
+// messages array.
+func readQuery(path string) (indexer.Query, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return tokenize.ChatRequest{}, fmt.Errorf("--chat: %w", err)
+		return indexer.Query{}, fmt.Errorf("--chat: %w", err)
 	}
-	var wrapped struct {
-		Request json.RawMessage `json:"request"`
+	var q indexer.Query
+	if err := querybody.DecodeRecord(data, &q); err != nil {
+		return indexer.Query{}, fmt.Errorf("--chat %s: %w", path, err)
 	}
-	if err := json.Unmarshal(data, &wrapped); err == nil && len(wrapped.Request) > 0 {
-		data = wrapped.Request
+	return q, nil
+}
+
+// clientQuery is q as the client asks it.
+func clientQuery(q *indexer.Query) *client.Query {
+	out := &client.Query{
+		Model: q.Model, LoRA: q.LoRA, CacheSalt: q.CacheSalt,
+		TokenIDs: q.TokenIDs, BlockHashes: q.BlockHashes, Prompt: q.Prompt, Pods: q.Pods,
 	}
-	req, err := tokenize.ParseChat(data)
-	if err != nil {
-		return tokenize.ChatRequest{}, fmt.Errorf("--chat %s: %w", path, err)
+	for _, m := range q.Messages {
+		cm := client.Message{Role: m.Role, Content: m.Content.Text}
+		for _, p := range m.Content.Parts {
+			cm.Parts = append(cm.Parts, client.Part{Type: p.Type, Text: p.Text})
+		}
+		out.Messages = append(out.Messages, cm)
 	}
-	return req, nil
+	return out
 }
 
 // parseBlockHashes parses comma-separated uint64 block hashes.

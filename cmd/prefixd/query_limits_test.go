@@ -20,7 +20,7 @@ import (
 // message size limit): huge token_ids arrays, huge prompts, huge chats (of
 // strings and of content parts), a prompt of one 4 MiB word, and bodies
 // over the limit. (A chat of millions of empty parts, which costs its
-// decoding most per byte, is checked by rpc/internal/jsonquery's tests: it
+// decoding most per byte, is checked by rpc/querybody's tests: it
 // would make this one slow under the race detector.) The process must answer every one with
 // 200, 400, 413 or 429 (never a 5xx or a reset connection), refuse some
 // by its byte budget or concurrency limit, keep its peak RSS (VmHWM) under

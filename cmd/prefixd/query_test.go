@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -113,6 +116,57 @@ func TestQueryUsage(t *testing.T) {
 	} {
 		if code, _, errOut := runCmd(t, args...); code != 2 || !strings.Contains(errOut, "Usage: prefixd query") {
 			t.Errorf("%q: exit %d: %s", args, code, errOut)
+		}
+	}
+}
+
+// Every recorded request is taken by query --chat as it was sent and as
+// its recorded line: the body is tokenized to the sim's prompt_tokens, and
+// both print what replay --query prints for the line.
+func TestQueryEveryRecordedRequest(t *testing.T) {
+	events := fixture.Path(t, "a_array_random_seedless", "events.jsonl")
+	addr := serveRecording(t, events)
+	var lines []string
+	reqs := fixture.Requests(t, "")
+	for _, r := range reqs {
+		line, err := json.Marshal(map[string]any{"status": 200, "request": r.Body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, string(line))
+	}
+	all := filepath.Join(t.TempDir(), "requests.jsonl")
+	if err := os.WriteFile(all, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCmd(t, "replay", events, "--query", all)
+	if code != 0 {
+		t.Fatalf("replay: exit %d: %s", code, errOut)
+	}
+	want := strings.SplitAfter(out, "\n")
+	if len(want) != len(reqs)+1 {
+		t.Fatalf("replay answered %d of %d requests", len(want)-1, len(reqs))
+	}
+	dir := t.TempDir()
+	for i, r := range reqs {
+		where := fmt.Sprintf("%s:%d", filepath.Base(r.File), r.Line)
+		body, line := filepath.Join(dir, "body.json"), filepath.Join(dir, "line.json")
+		if err := os.WriteFile(body, r.Body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(line, []byte(lines[i]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, got, errOut := runCmd(t, "query", "--addr", addr, "--chat", line, "--json")
+		if code != 0 || got != want[i] {
+			t.Fatalf("%s: query --chat LINE --json (exit %d, %s):\n%s\nreplay --query:\n%s", where, code, errOut, got, want[i])
+		}
+		code, table, errOut := runCmd(t, "query", "--addr", addr, "--chat", body)
+		if code != 0 {
+			t.Fatalf("%s: query --chat BODY: exit %d: %s", where, code, errOut)
+		}
+		if r.PromptTokens >= 0 && !strings.HasPrefix(table, fmt.Sprintf("model sim-model: %d tokens,", r.PromptTokens)) {
+			t.Fatalf("%s: the sim counted %d tokens; query says:\n%s", where, r.PromptTokens, table)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"slices"
 
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/indexer/tokenize"
+	"github.com/prefixd/prefixd/rpc/querybody"
 	"github.com/prefixd/prefixd/store/memory"
 )
 
@@ -22,7 +22,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var (
 		hf      hashFlags
 		keyMode = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
-		query   = fs.String("query", "", "JSONL file of queries, each an object with a \"request\" field holding an OpenAI chat body, or a bare chat body")
+		query   = fs.String("query", "", "JSONL file of queries, each an OpenAI chat-completions or completions request body as sent,\nor a recorded request line {\"request\": {...}} (a recording's requests.jsonl)")
 	)
 	hf.registerIndex(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -118,7 +118,8 @@ func newQueryAnswer(res *indexer.Result) queryAnswer {
 	return a
 }
 
-// answerQueries answers each line of a JSONL file of chat requests.
+// answerQueries answers each line of a JSONL file of request bodies or
+// recorded requests, read as prefixd query --chat reads its file.
 func answerQueries(ctx context.Context, ix *indexer.Indexer, path string, stdout io.Writer) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -129,22 +130,11 @@ func answerQueries(ctx context.Context, ix *indexer.Indexer, path string, stdout
 	sc.Buffer(nil, 64<<20)
 	enc := json.NewEncoder(stdout)
 	for line := 1; sc.Scan(); line++ {
-		body := sc.Bytes()
-		var wrapped struct {
-			Request json.RawMessage `json:"request"`
-		}
-		if err := json.Unmarshal(body, &wrapped); err == nil && len(wrapped.Request) > 0 {
-			body = wrapped.Request
-		}
-		req, err := tokenize.ParseChat(body)
-		if err != nil {
+		var q indexer.Query
+		if err := querybody.DecodeRecord(sc.Bytes(), &q); err != nil {
 			return fmt.Errorf("%s line %d: %w", path, line, err)
 		}
-		var salt struct {
-			CacheSalt string `json:"cache_salt"`
-		}
-		_ = json.Unmarshal(body, &salt) // a bare messages array has none
-		res, err := ix.Match(ctx, &indexer.Query{Model: req.Model, CacheSalt: salt.CacheSalt, Messages: req.Messages})
+		res, err := ix.Match(ctx, &q)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", path, line, err)
 		}

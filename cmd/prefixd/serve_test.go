@@ -127,7 +127,7 @@ type servedPod struct {
 	Name          string `json:"name"`
 	Model         string `json:"model"`
 	Blocks        int    `json:"blocks"`
-	Seq           uint64 `json:"seq"`
+	Seq           uint64 `json:"seq,string"` // 64 bits: a string
 	Stale         bool   `json:"stale"`
 	Incomplete    bool   `json:"incomplete"`
 	EvictedBlocks int    `json:"evicted_blocks"`

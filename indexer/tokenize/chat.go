@@ -107,7 +107,11 @@ type ChatRequest struct {
 var ErrNoMessages = errors.New("no chat messages")
 
 // ParseChat reads an OpenAI chat request body ({"model": ..., "messages":
-// [...]}; other fields are ignored) or a bare messages array.
+// [...]}; other fields are ignored) or a bare messages array, with
+// encoding/json. prefixd's commands and HTTP read request bodies with
+// rpc/querybody instead, which reads completions bodies and the other
+// query fields too, under limits; this reading is kept for tests that
+// check recordings against the tokenizer.
 func ParseChat(data []byte) (ChatRequest, error) {
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {

@@ -62,8 +62,8 @@ func (c *Client) Close() error {
 // API returns the generated client, for calls with proto messages.
 func (c *Client) API() prefixdv1.IndexServiceClient { return c.api }
 
-// Query asks which pods hold how much of a prompt. Give exactly one of
-// TokenIDs, BlockHashes, Prompt or Messages.
+// Query asks which pods hold how much of a prompt, by Match or by Score.
+// Give exactly one of TokenIDs, BlockHashes, Prompt or Messages.
 type Query struct {
 	// Model is the served model name, or a LoRA adapter's name.
 	Model string
@@ -79,7 +79,8 @@ type Query struct {
 	Prompt   string
 	Messages []Message
 
-	// Pods restricts the answer to these pods; empty means all.
+	// Pods restricts Match's answer to these pods, and are the candidates
+	// Score scores (0 without a match); empty means all.
 	Pods []string
 }
 
@@ -129,6 +130,18 @@ type PodMatch struct {
 	Incomplete bool
 }
 
+// PodScore is one pod's share of a Score.
+type PodScore struct {
+	// Score is the pod's normalized score, 0..1.
+	Score float64
+	// Stale is true when the pod's events are known to be incomplete: its
+	// score may be wrong either way. Only matched pods are checked.
+	Stale bool
+	// Incomplete is true when the index forgot blocks the pod still
+	// holds, to make room: it may hold more than its score says.
+	Incomplete bool
+}
+
 // PodStatus describes one pod the server knows.
 type PodStatus struct {
 	Name   string
@@ -165,7 +178,7 @@ func (c *Client) Match(ctx context.Context, q *Query) (*Result, error) {
 	if q == nil {
 		return nil, errNilQuery
 	}
-	resp, err := c.api.Match(ctx, matchRequest(q))
+	resp, err := c.api.Match(ctx, request(q))
 	if err != nil {
 		return nil, err
 	}
@@ -185,21 +198,31 @@ func (c *Client) Match(ctx context.Context, q *Query) (*Result, error) {
 }
 
 // Score answers q with pod -> score, normalized as llm-d's
-// precise-prefix-cache-scorer does; candidate pods (q.Pods) without a
-// match score 0.
-func (c *Client) Score(ctx context.Context, q *Query) (map[string]float64, error) {
+// precise-prefix-cache-scorer does, and whether each scored pod is stale
+// or incomplete; candidate pods (q.Pods) without a match score 0.
+func (c *Client) Score(ctx context.Context, q *Query) (map[string]PodScore, error) {
 	if q == nil {
 		return nil, errNilQuery
 	}
-	m := matchRequest(q)
-	resp, err := c.api.Score(ctx, &prefixdv1.ScoreRequest{
-		Model: m.Model, Lora: m.Lora, CacheSalt: m.CacheSalt, TokenIds: m.TokenIds,
-		BlockHashes: m.BlockHashes, Prompt: m.Prompt, Messages: m.Messages, Pods: m.Pods,
-	})
+	resp, err := c.api.Score(ctx, request(q))
 	if err != nil {
 		return nil, err
 	}
-	return resp.GetScores(), nil
+	out := make(map[string]PodScore, len(resp.GetScores()))
+	for pod, score := range resp.GetScores() {
+		out[pod] = PodScore{Score: score}
+	}
+	for _, pod := range resp.GetStalePods() {
+		ps := out[pod]
+		ps.Stale = true
+		out[pod] = ps
+	}
+	for _, pod := range resp.GetIncompletePods() {
+		ps := out[pod]
+		ps.Incomplete = true
+		out[pod] = ps
+	}
+	return out, nil
 }
 
 // Pods lists the pods the server knows, sorted by name.
@@ -235,8 +258,9 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	}, nil
 }
 
-func matchRequest(q *Query) *prefixdv1.MatchRequest {
-	req := &prefixdv1.MatchRequest{
+// request is q as the Query both Match and Score take.
+func request(q *Query) *prefixdv1.Query {
+	req := &prefixdv1.Query{
 		Model: q.Model, Lora: q.LoRA, CacheSalt: q.CacheSalt,
 		TokenIds: q.TokenIDs, BlockHashes: q.BlockHashes, Prompt: q.Prompt, Pods: q.Pods,
 	}

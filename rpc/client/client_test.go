@@ -107,4 +107,16 @@ func TestClientIncomplete(t *testing.T) {
 	if err != nil || len(res.Pods) != 1 || !res.Pods[0].Incomplete {
 		t.Fatalf("match %+v, %v: want the pod incomplete", res, err)
 	}
+	// Score says so too, and says which pods are stale.
+	_ = ix.SetStale(context.Background(), "10.0.0.1:8000", true)
+	q := &client.Query{Model: "m", BlockHashes: keys[len(keys)-16:], Pods: []string{"10.0.0.1:8000", "10.0.0.9:8000"}}
+	scores, err := c.Score(context.Background(), q)
+	want := map[string]client.PodScore{"10.0.0.1:8000": {Score: 1, Stale: true, Incomplete: true}, "10.0.0.9:8000": {}}
+	if err != nil || len(scores) != len(want) || scores["10.0.0.1:8000"] != want["10.0.0.1:8000"] || scores["10.0.0.9:8000"] != want["10.0.0.9:8000"] {
+		t.Fatalf("score %+v, %v: want %+v", scores, err, want)
+	}
+	_ = ix.SetStale(context.Background(), "10.0.0.1:8000", false)
+	if scores, err = c.Score(context.Background(), q); err != nil || scores["10.0.0.1:8000"].Stale {
+		t.Fatalf("score %+v, %v: want the pod no longer stale", scores, err)
+	}
 }

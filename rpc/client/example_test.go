@@ -53,12 +53,17 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(scores["10.0.0.1:8000"], scores["10.0.0.2:8000"], scores["10.0.0.3:8000"])
+	for _, pod := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"} {
+		s := scores[pod]
+		fmt.Printf("%s: score %.2f, stale %v\n", pod, s.Score, s.Stale)
+	}
 	// Output:
 	// 4 blocks of 16 tokens
 	// 10.0.0.1:8000: 4 blocks, score 1.00
 	// 10.0.0.2:8000: 2 blocks, score 0.50
-	// 1 0 0
+	// 10.0.0.1:8000: score 1.00, stale false
+	// 10.0.0.2:8000: score 0.00, stale false
+	// 10.0.0.3:8000: score 0.00, stale false
 }
 
 const examplePrompt = "Summarize the following report in three sentences, keeping every number " +

@@ -145,9 +145,12 @@ func (x *ContentPart) GetText() string {
 	return ""
 }
 
-// MatchRequest is a prefix query. Give exactly one input: token_ids,
-// block_hashes, prompt or messages.
-type MatchRequest struct {
+// Query is a prefix query, the request of both Match and Score. Give
+// exactly one input: token_ids, block_hashes, prompt or messages.
+//
+// It replaced MatchRequest and ScoreRequest, whose fields it keeps under
+// the same numbers: what clients built from either send decodes as it did.
+type Query struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model is the served model name, or a LoRA adapter's name.
 	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -167,27 +170,29 @@ type MatchRequest struct {
 	Prompt string `protobuf:"bytes,6,opt,name=prompt,proto3" json:"prompt,omitempty"`
 	// messages is a chat, flattened and tokenized as llm-d-inference-sim does.
 	Messages []*ChatMessage `protobuf:"bytes,7,rep,name=messages,proto3" json:"messages,omitempty"`
-	// pods restricts the answer to these pods ("ip:port"); a name without
-	// "#rank" also selects its data-parallel ranks. Empty means all pods.
+	// pods names pods ("ip:port"); a name without "#rank" also selects its
+	// data-parallel ranks. Match answers only these pods; Score gives each a
+	// score, 0 without a match. Empty means all pods, and then only matched
+	// pods are listed.
 	Pods          []string `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *MatchRequest) Reset() {
-	*x = MatchRequest{}
+func (x *Query) Reset() {
+	*x = Query{}
 	mi := &file_prefixd_v1_prefixd_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *MatchRequest) String() string {
+func (x *Query) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*MatchRequest) ProtoMessage() {}
+func (*Query) ProtoMessage() {}
 
-func (x *MatchRequest) ProtoReflect() protoreflect.Message {
+func (x *Query) ProtoReflect() protoreflect.Message {
 	mi := &file_prefixd_v1_prefixd_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -199,68 +204,68 @@ func (x *MatchRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use MatchRequest.ProtoReflect.Descriptor instead.
-func (*MatchRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use Query.ProtoReflect.Descriptor instead.
+func (*Query) Descriptor() ([]byte, []int) {
 	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{2}
 }
 
-func (x *MatchRequest) GetModel() string {
+func (x *Query) GetModel() string {
 	if x != nil {
 		return x.Model
 	}
 	return ""
 }
 
-func (x *MatchRequest) GetLora() string {
+func (x *Query) GetLora() string {
 	if x != nil {
 		return x.Lora
 	}
 	return ""
 }
 
-func (x *MatchRequest) GetCacheSalt() string {
+func (x *Query) GetCacheSalt() string {
 	if x != nil {
 		return x.CacheSalt
 	}
 	return ""
 }
 
-func (x *MatchRequest) GetTokenIds() []uint32 {
+func (x *Query) GetTokenIds() []uint32 {
 	if x != nil {
 		return x.TokenIds
 	}
 	return nil
 }
 
-func (x *MatchRequest) GetBlockHashes() []uint64 {
+func (x *Query) GetBlockHashes() []uint64 {
 	if x != nil {
 		return x.BlockHashes
 	}
 	return nil
 }
 
-func (x *MatchRequest) GetPrompt() string {
+func (x *Query) GetPrompt() string {
 	if x != nil {
 		return x.Prompt
 	}
 	return ""
 }
 
-func (x *MatchRequest) GetMessages() []*ChatMessage {
+func (x *Query) GetMessages() []*ChatMessage {
 	if x != nil {
 		return x.Messages
 	}
 	return nil
 }
 
-func (x *MatchRequest) GetPods() []string {
+func (x *Query) GetPods() []string {
 	if x != nil {
 		return x.Pods
 	}
 	return nil
 }
 
-// MatchResponse answers a MatchRequest.
+// MatchResponse answers Match.
 type MatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model is the base model the query was answered for.
@@ -462,130 +467,26 @@ func (x *PodMatch) GetIncomplete() bool {
 	return false
 }
 
-// ScoreRequest is a prefix query answered with scores only. Its fields mean
-// what MatchRequest's do.
-type ScoreRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// model is the served model name, or a LoRA adapter's name.
-	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	// lora names the LoRA adapter the request targets, when model does not.
-	Lora string `protobuf:"bytes,2,opt,name=lora,proto3" json:"lora,omitempty"`
-	// cache_salt is the request's cache_salt, hashed into the first block.
-	CacheSalt string `protobuf:"bytes,3,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
-	// token_ids is the prompt's token ids.
-	TokenIds []uint32 `protobuf:"fixed32,4,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
-	// block_hashes are precomputed index keys, used as they are.
-	BlockHashes []uint64 `protobuf:"fixed64,5,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
-	// prompt is completion text, tokenized with llm-d-inference-sim's
-	// tokenizer.
-	Prompt string `protobuf:"bytes,6,opt,name=prompt,proto3" json:"prompt,omitempty"`
-	// messages is a chat, flattened and tokenized as llm-d-inference-sim does.
-	Messages []*ChatMessage `protobuf:"bytes,7,rep,name=messages,proto3" json:"messages,omitempty"`
-	// pods are the candidate pods; each gets a score, 0 without a match.
-	// Empty means all pods, and only matched pods are listed.
-	Pods          []string `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ScoreRequest) Reset() {
-	*x = ScoreRequest{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ScoreRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ScoreRequest) ProtoMessage() {}
-
-func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
-func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *ScoreRequest) GetModel() string {
-	if x != nil {
-		return x.Model
-	}
-	return ""
-}
-
-func (x *ScoreRequest) GetLora() string {
-	if x != nil {
-		return x.Lora
-	}
-	return ""
-}
-
-func (x *ScoreRequest) GetCacheSalt() string {
-	if x != nil {
-		return x.CacheSalt
-	}
-	return ""
-}
-
-func (x *ScoreRequest) GetTokenIds() []uint32 {
-	if x != nil {
-		return x.TokenIds
-	}
-	return nil
-}
-
-func (x *ScoreRequest) GetBlockHashes() []uint64 {
-	if x != nil {
-		return x.BlockHashes
-	}
-	return nil
-}
-
-func (x *ScoreRequest) GetPrompt() string {
-	if x != nil {
-		return x.Prompt
-	}
-	return ""
-}
-
-func (x *ScoreRequest) GetMessages() []*ChatMessage {
-	if x != nil {
-		return x.Messages
-	}
-	return nil
-}
-
-func (x *ScoreRequest) GetPods() []string {
-	if x != nil {
-		return x.Pods
-	}
-	return nil
-}
-
-// ScoreResponse answers a ScoreRequest.
+// ScoreResponse answers Score.
 type ScoreResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// scores maps pod name to its normalized score, 0..1.
-	Scores        map[string]float64 `protobuf:"bytes,1,rep,name=scores,proto3" json:"scores,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Scores map[string]float64 `protobuf:"bytes,1,rep,name=scores,proto3" json:"scores,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// stale_pods lists, sorted, the matched pods whose events are known to be
+	// incomplete (a gap no replay filled): their scores may be wrong either
+	// way. Candidate pods without a match are not checked (see Pods).
+	StalePods []string `protobuf:"bytes,2,rep,name=stale_pods,json=stalePods,proto3" json:"stale_pods,omitempty"`
+	// incomplete_pods lists, sorted, the matched pods of which the index
+	// forgot blocks they still hold, to make room: they may hold a longer
+	// prefix than their scores say.
+	IncompletePods []string `protobuf:"bytes,3,rep,name=incomplete_pods,json=incompletePods,proto3" json:"incomplete_pods,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[6]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +498,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[6]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,12 +511,26 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{6}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ScoreResponse) GetScores() map[string]float64 {
 	if x != nil {
 		return x.Scores
+	}
+	return nil
+}
+
+func (x *ScoreResponse) GetStalePods() []string {
+	if x != nil {
+		return x.StalePods
+	}
+	return nil
+}
+
+func (x *ScoreResponse) GetIncompletePods() []string {
+	if x != nil {
+		return x.IncompletePods
 	}
 	return nil
 }
@@ -629,7 +544,7 @@ type PodsRequest struct {
 
 func (x *PodsRequest) Reset() {
 	*x = PodsRequest{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[7]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +556,7 @@ func (x *PodsRequest) String() string {
 func (*PodsRequest) ProtoMessage() {}
 
 func (x *PodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[7]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +569,7 @@ func (x *PodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodsRequest.ProtoReflect.Descriptor instead.
 func (*PodsRequest) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{7}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{6}
 }
 
 // PodsResponse lists the known pods.
@@ -668,7 +583,7 @@ type PodsResponse struct {
 
 func (x *PodsResponse) Reset() {
 	*x = PodsResponse{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[8]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +595,7 @@ func (x *PodsResponse) String() string {
 func (*PodsResponse) ProtoMessage() {}
 
 func (x *PodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[8]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +608,7 @@ func (x *PodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodsResponse.ProtoReflect.Descriptor instead.
 func (*PodsResponse) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{8}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PodsResponse) GetPods() []*PodStatus {
@@ -735,7 +650,7 @@ type PodStatus struct {
 
 func (x *PodStatus) Reset() {
 	*x = PodStatus{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[9]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +662,7 @@ func (x *PodStatus) String() string {
 func (*PodStatus) ProtoMessage() {}
 
 func (x *PodStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[9]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +675,7 @@ func (x *PodStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
 func (*PodStatus) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{9}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PodStatus) GetName() string {
@@ -835,7 +750,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[10]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +762,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[10]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +775,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{10}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{9}
 }
 
 // StatsResponse holds the index's statistics.
@@ -885,7 +800,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[11]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +812,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prefixd_v1_prefixd_proto_msgTypes[11]
+	mi := &file_prefixd_v1_prefixd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +825,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{11}
+	return file_prefixd_v1_prefixd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatsResponse) GetPods() uint64 {
@@ -967,8 +882,8 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\x05parts\x18\x03 \x03(\v2\x17.prefixd.v1.ContentPartR\x05parts\"5\n" +
 	"\vContentPart\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
-	"\x04text\x18\x02 \x01(\tR\x04text\"\xf8\x01\n" +
-	"\fMatchRequest\x12\x14\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\"\xf1\x01\n" +
+	"\x05Query\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04lora\x18\x02 \x01(\tR\x04lora\x12\x1d\n" +
 	"\n" +
@@ -999,19 +914,12 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\x05stale\x18\b \x01(\bR\x05stale\x12\x1e\n" +
 	"\n" +
 	"incomplete\x18\t \x01(\bR\n" +
-	"incomplete\"\xf8\x01\n" +
-	"\fScoreRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
-	"\x04lora\x18\x02 \x01(\tR\x04lora\x12\x1d\n" +
-	"\n" +
-	"cache_salt\x18\x03 \x01(\tR\tcacheSalt\x12\x1b\n" +
-	"\ttoken_ids\x18\x04 \x03(\aR\btokenIds\x12!\n" +
-	"\fblock_hashes\x18\x05 \x03(\x06R\vblockHashes\x12\x16\n" +
-	"\x06prompt\x18\x06 \x01(\tR\x06prompt\x123\n" +
-	"\bmessages\x18\a \x03(\v2\x17.prefixd.v1.ChatMessageR\bmessages\x12\x12\n" +
-	"\x04pods\x18\b \x03(\tR\x04pods\"\x89\x01\n" +
+	"incomplete\"\xd1\x01\n" +
 	"\rScoreResponse\x12=\n" +
-	"\x06scores\x18\x01 \x03(\v2%.prefixd.v1.ScoreResponse.ScoresEntryR\x06scores\x1a9\n" +
+	"\x06scores\x18\x01 \x03(\v2%.prefixd.v1.ScoreResponse.ScoresEntryR\x06scores\x12\x1d\n" +
+	"\n" +
+	"stale_pods\x18\x02 \x03(\tR\tstalePods\x12'\n" +
+	"\x0fincomplete_pods\x18\x03 \x03(\tR\x0eincompletePods\x1a9\n" +
 	"\vScoresEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\r\n" +
@@ -1037,10 +945,10 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12(\n" +
 	"\x10heap_inuse_bytes\x18\x04 \x01(\x04R\x0eheapInuseBytes\x12,\n" +
 	"\x12batches_per_second\x18\x05 \x01(\x01R\x10batchesPerSecond\x12*\n" +
-	"\x11events_per_second\x18\x06 \x01(\x01R\x0feventsPerSecond2\x83\x02\n" +
-	"\fIndexService\x12<\n" +
-	"\x05Match\x12\x18.prefixd.v1.MatchRequest\x1a\x19.prefixd.v1.MatchResponse\x12<\n" +
-	"\x05Score\x12\x18.prefixd.v1.ScoreRequest\x1a\x19.prefixd.v1.ScoreResponse\x129\n" +
+	"\x11events_per_second\x18\x06 \x01(\x01R\x0feventsPerSecond2\xf5\x01\n" +
+	"\fIndexService\x125\n" +
+	"\x05Match\x12\x11.prefixd.v1.Query\x1a\x19.prefixd.v1.MatchResponse\x125\n" +
+	"\x05Score\x12\x11.prefixd.v1.Query\x1a\x19.prefixd.v1.ScoreResponse\x129\n" +
 	"\x04Pods\x12\x17.prefixd.v1.PodsRequest\x1a\x18.prefixd.v1.PodsResponse\x12<\n" +
 	"\x05Stats\x12\x18.prefixd.v1.StatsRequest\x1a\x19.prefixd.v1.StatsResponseB7Z5github.com/prefixd/prefixd/proto/prefixd/v1;prefixdv1b\x06proto3"
 
@@ -1056,44 +964,42 @@ func file_prefixd_v1_prefixd_proto_rawDescGZIP() []byte {
 	return file_prefixd_v1_prefixd_proto_rawDescData
 }
 
-var file_prefixd_v1_prefixd_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_prefixd_v1_prefixd_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_prefixd_v1_prefixd_proto_goTypes = []any{
 	(*ChatMessage)(nil),           // 0: prefixd.v1.ChatMessage
 	(*ContentPart)(nil),           // 1: prefixd.v1.ContentPart
-	(*MatchRequest)(nil),          // 2: prefixd.v1.MatchRequest
+	(*Query)(nil),                 // 2: prefixd.v1.Query
 	(*MatchResponse)(nil),         // 3: prefixd.v1.MatchResponse
 	(*PodMatch)(nil),              // 4: prefixd.v1.PodMatch
-	(*ScoreRequest)(nil),          // 5: prefixd.v1.ScoreRequest
-	(*ScoreResponse)(nil),         // 6: prefixd.v1.ScoreResponse
-	(*PodsRequest)(nil),           // 7: prefixd.v1.PodsRequest
-	(*PodsResponse)(nil),          // 8: prefixd.v1.PodsResponse
-	(*PodStatus)(nil),             // 9: prefixd.v1.PodStatus
-	(*StatsRequest)(nil),          // 10: prefixd.v1.StatsRequest
-	(*StatsResponse)(nil),         // 11: prefixd.v1.StatsResponse
-	nil,                           // 12: prefixd.v1.ScoreResponse.ScoresEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*ScoreResponse)(nil),         // 5: prefixd.v1.ScoreResponse
+	(*PodsRequest)(nil),           // 6: prefixd.v1.PodsRequest
+	(*PodsResponse)(nil),          // 7: prefixd.v1.PodsResponse
+	(*PodStatus)(nil),             // 8: prefixd.v1.PodStatus
+	(*StatsRequest)(nil),          // 9: prefixd.v1.StatsRequest
+	(*StatsResponse)(nil),         // 10: prefixd.v1.StatsResponse
+	nil,                           // 11: prefixd.v1.ScoreResponse.ScoresEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_prefixd_v1_prefixd_proto_depIdxs = []int32{
 	1,  // 0: prefixd.v1.ChatMessage.parts:type_name -> prefixd.v1.ContentPart
-	0,  // 1: prefixd.v1.MatchRequest.messages:type_name -> prefixd.v1.ChatMessage
+	0,  // 1: prefixd.v1.Query.messages:type_name -> prefixd.v1.ChatMessage
 	4,  // 2: prefixd.v1.MatchResponse.pods:type_name -> prefixd.v1.PodMatch
-	0,  // 3: prefixd.v1.ScoreRequest.messages:type_name -> prefixd.v1.ChatMessage
-	12, // 4: prefixd.v1.ScoreResponse.scores:type_name -> prefixd.v1.ScoreResponse.ScoresEntry
-	9,  // 5: prefixd.v1.PodsResponse.pods:type_name -> prefixd.v1.PodStatus
-	13, // 6: prefixd.v1.PodStatus.last_event_time:type_name -> google.protobuf.Timestamp
-	2,  // 7: prefixd.v1.IndexService.Match:input_type -> prefixd.v1.MatchRequest
-	5,  // 8: prefixd.v1.IndexService.Score:input_type -> prefixd.v1.ScoreRequest
-	7,  // 9: prefixd.v1.IndexService.Pods:input_type -> prefixd.v1.PodsRequest
-	10, // 10: prefixd.v1.IndexService.Stats:input_type -> prefixd.v1.StatsRequest
-	3,  // 11: prefixd.v1.IndexService.Match:output_type -> prefixd.v1.MatchResponse
-	6,  // 12: prefixd.v1.IndexService.Score:output_type -> prefixd.v1.ScoreResponse
-	8,  // 13: prefixd.v1.IndexService.Pods:output_type -> prefixd.v1.PodsResponse
-	11, // 14: prefixd.v1.IndexService.Stats:output_type -> prefixd.v1.StatsResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	11, // 3: prefixd.v1.ScoreResponse.scores:type_name -> prefixd.v1.ScoreResponse.ScoresEntry
+	8,  // 4: prefixd.v1.PodsResponse.pods:type_name -> prefixd.v1.PodStatus
+	12, // 5: prefixd.v1.PodStatus.last_event_time:type_name -> google.protobuf.Timestamp
+	2,  // 6: prefixd.v1.IndexService.Match:input_type -> prefixd.v1.Query
+	2,  // 7: prefixd.v1.IndexService.Score:input_type -> prefixd.v1.Query
+	6,  // 8: prefixd.v1.IndexService.Pods:input_type -> prefixd.v1.PodsRequest
+	9,  // 9: prefixd.v1.IndexService.Stats:input_type -> prefixd.v1.StatsRequest
+	3,  // 10: prefixd.v1.IndexService.Match:output_type -> prefixd.v1.MatchResponse
+	5,  // 11: prefixd.v1.IndexService.Score:output_type -> prefixd.v1.ScoreResponse
+	7,  // 12: prefixd.v1.IndexService.Pods:output_type -> prefixd.v1.PodsResponse
+	10, // 13: prefixd.v1.IndexService.Stats:output_type -> prefixd.v1.StatsResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_prefixd_v1_prefixd_proto_init() }
@@ -1107,7 +1013,7 @@ func file_prefixd_v1_prefixd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prefixd_v1_prefixd_proto_rawDesc), len(file_prefixd_v1_prefixd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

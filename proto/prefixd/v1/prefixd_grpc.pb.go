@@ -45,11 +45,12 @@ const (
 type IndexServiceClient interface {
 	// Match reports, per pod, the longest run of leading query blocks the pod
 	// holds, per tier, with a tier-weighted score.
-	Match(ctx context.Context, in *MatchRequest, opts ...grpc.CallOption) (*MatchResponse, error)
+	Match(ctx context.Context, in *Query, opts ...grpc.CallOption) (*MatchResponse, error)
 	// Score reports pod -> score with the semantics of llm-d's
 	// precise-prefix-cache-scorer: matched pods' scores min-max normalized to
-	// 0..1 (all 1 when they are equal), 0 for candidate pods without a match.
-	Score(ctx context.Context, in *ScoreRequest, opts ...grpc.CallOption) (*ScoreResponse, error)
+	// 0..1 (all 1 when they are equal), 0 for candidate pods without a match,
+	// with the scored pods that are stale or incomplete.
+	Score(ctx context.Context, in *Query, opts ...grpc.CallOption) (*ScoreResponse, error)
 	// Pods lists the pods prefixd knows.
 	Pods(ctx context.Context, in *PodsRequest, opts ...grpc.CallOption) (*PodsResponse, error)
 	// Stats reports the index's size, memory and ingest rates.
@@ -64,7 +65,7 @@ func NewIndexServiceClient(cc grpc.ClientConnInterface) IndexServiceClient {
 	return &indexServiceClient{cc}
 }
 
-func (c *indexServiceClient) Match(ctx context.Context, in *MatchRequest, opts ...grpc.CallOption) (*MatchResponse, error) {
+func (c *indexServiceClient) Match(ctx context.Context, in *Query, opts ...grpc.CallOption) (*MatchResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MatchResponse)
 	err := c.cc.Invoke(ctx, IndexService_Match_FullMethodName, in, out, cOpts...)
@@ -74,7 +75,7 @@ func (c *indexServiceClient) Match(ctx context.Context, in *MatchRequest, opts .
 	return out, nil
 }
 
-func (c *indexServiceClient) Score(ctx context.Context, in *ScoreRequest, opts ...grpc.CallOption) (*ScoreResponse, error) {
+func (c *indexServiceClient) Score(ctx context.Context, in *Query, opts ...grpc.CallOption) (*ScoreResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ScoreResponse)
 	err := c.cc.Invoke(ctx, IndexService_Score_FullMethodName, in, out, cOpts...)
@@ -121,11 +122,12 @@ func (c *indexServiceClient) Stats(ctx context.Context, in *StatsRequest, opts .
 type IndexServiceServer interface {
 	// Match reports, per pod, the longest run of leading query blocks the pod
 	// holds, per tier, with a tier-weighted score.
-	Match(context.Context, *MatchRequest) (*MatchResponse, error)
+	Match(context.Context, *Query) (*MatchResponse, error)
 	// Score reports pod -> score with the semantics of llm-d's
 	// precise-prefix-cache-scorer: matched pods' scores min-max normalized to
-	// 0..1 (all 1 when they are equal), 0 for candidate pods without a match.
-	Score(context.Context, *ScoreRequest) (*ScoreResponse, error)
+	// 0..1 (all 1 when they are equal), 0 for candidate pods without a match,
+	// with the scored pods that are stale or incomplete.
+	Score(context.Context, *Query) (*ScoreResponse, error)
 	// Pods lists the pods prefixd knows.
 	Pods(context.Context, *PodsRequest) (*PodsResponse, error)
 	// Stats reports the index's size, memory and ingest rates.
@@ -140,10 +142,10 @@ type IndexServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedIndexServiceServer struct{}
 
-func (UnimplementedIndexServiceServer) Match(context.Context, *MatchRequest) (*MatchResponse, error) {
+func (UnimplementedIndexServiceServer) Match(context.Context, *Query) (*MatchResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Match not implemented")
 }
-func (UnimplementedIndexServiceServer) Score(context.Context, *ScoreRequest) (*ScoreResponse, error) {
+func (UnimplementedIndexServiceServer) Score(context.Context, *Query) (*ScoreResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Score not implemented")
 }
 func (UnimplementedIndexServiceServer) Pods(context.Context, *PodsRequest) (*PodsResponse, error) {
@@ -174,7 +176,7 @@ func RegisterIndexServiceServer(s grpc.ServiceRegistrar, srv IndexServiceServer)
 }
 
 func _IndexService_Match_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(MatchRequest)
+	in := new(Query)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -186,13 +188,13 @@ func _IndexService_Match_Handler(srv interface{}, ctx context.Context, dec func(
 		FullMethod: IndexService_Match_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).Match(ctx, req.(*MatchRequest))
+		return srv.(IndexServiceServer).Match(ctx, req.(*Query))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_Score_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ScoreRequest)
+	in := new(Query)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -204,7 +206,7 @@ func _IndexService_Score_Handler(srv interface{}, ctx context.Context, dec func(
 		FullMethod: IndexService_Score_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).Score(ctx, req.(*ScoreRequest))
+		return srv.(IndexServiceServer).Score(ctx, req.(*Query))
 	}
 	return interceptor(ctx, in, info, handler)
 }

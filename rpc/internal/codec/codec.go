@@ -9,10 +9,14 @@
 // grpc.ForceServerCodecV2, the client with grpc.ForceCodecV2. Pool is the
 // buffer pool both sides also give gRPC's transport.
 //
-// MatchRequest and ScoreRequest are decoded by DecodeQuery, which reuses the
-// capacity of the message's token_ids, block_hashes and pods slices: a
-// server that decodes into pooled messages allocates for a block hash
-// query only its strings. Every other message goes through proto.Unmarshal.
+// Query, the request of Match and Score, is decoded by DecodeQuery, which
+// reuses the capacity of the message's token_ids, block_hashes and pods
+// slices: a server that decodes into pooled messages allocates for a block
+// hash query only its strings. Every other message goes through
+// proto.Unmarshal. The decoder's field numbers are written by hand; a test
+// walks Query's descriptor, so that a field added to the .proto that the
+// decoder does not read, or a number, kind or cardinality that changed,
+// fails it.
 //
 // A server decodes a query under its limits by passing gRPC's dec func a
 // *Target rather than the request: the token ids, block hashes and chat
@@ -105,10 +109,8 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *Target:
 		m.decode(b)
 		return nil
-	case *prefixdv1.MatchRequest:
-		return DecodeQuery(b, QueryOf(m))
-	case *prefixdv1.ScoreRequest:
-		return DecodeQuery(b, ScoreQueryOf(m))
+	case *prefixdv1.Query:
+		return DecodeQuery(b, m)
 	case proto.Message:
 		return proto.Unmarshal(b, m)
 	}

@@ -13,30 +13,11 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
-	"github.com/prefixd/prefixd/rpc/internal/querylimit"
+	"github.com/prefixd/prefixd/rpc/querylimit"
 )
 
-// Query points at the fields of a MatchRequest or ScoreRequest, which share
-// their field numbers.
-type Query struct {
-	Model, LoRA, CacheSalt, Prompt *string
-	TokenIDs                       *[]uint32
-	BlockHashes                    *[]uint64
-	Messages                       *[]*prefixdv1.ChatMessage
-	Pods                           *[]string
-}
-
-// QueryOf returns the fields of m.
-func QueryOf(m *prefixdv1.MatchRequest) Query {
-	return Query{&m.Model, &m.Lora, &m.CacheSalt, &m.Prompt, &m.TokenIds, &m.BlockHashes, &m.Messages, &m.Pods}
-}
-
-// ScoreQueryOf returns the fields of m.
-func ScoreQueryOf(m *prefixdv1.ScoreRequest) Query {
-	return Query{&m.Model, &m.Lora, &m.CacheSalt, &m.Prompt, &m.TokenIds, &m.BlockHashes, &m.Messages, &m.Pods}
-}
-
-// Field numbers of MatchRequest and ScoreRequest.
+// Field numbers of Query, and of ChatMessage's parts, as the decoder
+// knows them; TestDecoderKnowsEveryField holds them to the descriptor.
 const (
 	fieldModel       = 1
 	fieldLoRA        = 2
@@ -46,17 +27,18 @@ const (
 	fieldPrompt      = 6
 	fieldMessages    = 7
 	fieldPods        = 8
+
+	fieldMessageParts = 3
 )
 
 var errTruncated = errors.New("codec: query truncated or malformed")
 
-// Target is a MatchRequest or ScoreRequest to decode under Limits, with
-// the memory it will hold asked of Reserve first (see the package doc).
-// Pass a *Target to gRPC's dec func; Codec.Unmarshal decodes into Query.
+// Target is a Query to decode under Limits, with the memory it will hold
+// asked of Reserve first (see the package doc). Pass a *Target to gRPC's
+// dec func; Codec.Unmarshal decodes into Msg.
 type Target struct {
-	// Msg is the request Query points into.
-	Msg   proto.Message
-	Query Query
+	// Msg is the request decoded into.
+	Msg *prefixdv1.Query
 	// Limits are applied as the query is read: what is over a limit is not
 	// decoded, and Err is a *querylimit.Error.
 	Limits querylimit.Limits
@@ -75,14 +57,7 @@ type Target struct {
 }
 
 // NewTarget returns a Target decoding into m.
-func NewTarget(m *prefixdv1.MatchRequest) *Target {
-	return &Target{Msg: m, Query: QueryOf(m)}
-}
-
-// NewScoreTarget returns a Target decoding into m.
-func NewScoreTarget(m *prefixdv1.ScoreRequest) *Target {
-	return &Target{Msg: m, Query: ScoreQueryOf(m)}
-}
+func NewTarget(m *prefixdv1.Query) *Target { return &Target{Msg: m} }
 
 // ProtoReflect returns the request's, so that a Target is a proto.Message
 // to whatever looks at what gRPC received (stats handlers).
@@ -97,7 +72,7 @@ func (t *Target) reserve(n int) error {
 
 func (t *Target) decode(b []byte) {
 	d := queryDecoder{t: t}
-	t.Err = d.decode(b, t.Query)
+	t.Err = d.decode(b, t.Msg)
 	t.Held = d.held
 }
 
@@ -110,14 +85,14 @@ var (
 	sizePart    = int(reflect.TypeFor[prefixdv1.ContentPart]().Size()) + 56
 )
 
-// DecodeQuery decodes a MatchRequest or ScoreRequest from b into q as
-// proto.Unmarshal would, except that the token_ids, block_hashes and pods
-// slices are reset to length 0 and appended to, reusing their capacity.
+// DecodeQuery decodes a Query from b into m as proto.Unmarshal would,
+// except that the token_ids, block_hashes and pods slices are reset to
+// length 0 and appended to, reusing their capacity.
 // Packed and unpacked repeated scalars are both accepted; unknown fields
 // are skipped; strings must be valid UTF-8.
-func DecodeQuery(b []byte, q Query) error {
+func DecodeQuery(b []byte, m *prefixdv1.Query) error {
 	var d queryDecoder
-	return d.decode(b, q)
+	return d.decode(b, m)
 }
 
 // queryDecoder is DecodeQuery, with a Target's limits and reservations
@@ -141,13 +116,13 @@ func (d *queryDecoder) limits() querylimit.Limits {
 	return d.t.Limits
 }
 
-func (d *queryDecoder) decode(b []byte, q Query) error {
-	*q.Model, *q.LoRA, *q.CacheSalt, *q.Prompt = "", "", "", ""
-	*q.TokenIDs = (*q.TokenIDs)[:0]
-	*q.BlockHashes = (*q.BlockHashes)[:0]
-	*q.Messages = nil
-	*q.Pods = (*q.Pods)[:0]
-	d.held = 4*cap(*q.TokenIDs) + 8*cap(*q.BlockHashes) + 16*cap(*q.Pods)
+func (d *queryDecoder) decode(b []byte, m *prefixdv1.Query) error {
+	m.Model, m.Lora, m.CacheSalt, m.Prompt = "", "", "", ""
+	m.TokenIds = m.TokenIds[:0]
+	m.BlockHashes = m.BlockHashes[:0]
+	m.Messages = nil
+	m.Pods = m.Pods[:0]
+	d.held = 4*cap(m.TokenIds) + 8*cap(m.BlockHashes) + 16*cap(m.Pods)
 	lim := d.limits()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -163,15 +138,15 @@ func (d *queryDecoder) decode(b []byte, q Query) error {
 				if len(v)%4 != 0 {
 					return fmt.Errorf("%w: packed token_ids of %d bytes, want a multiple of 4", errTruncated, len(v))
 				}
-				if err = d.roomTokens(q, len(v)/4, lim, true); err == nil {
-					*q.TokenIDs = appendFixed32(*q.TokenIDs, v)
+				if err = d.roomTokens(m, len(v)/4, lim, true); err == nil {
+					m.TokenIds = appendFixed32(m.TokenIds, v)
 				}
 			}
 		case num == fieldTokenIDs && typ == protowire.Fixed32Type:
 			var v uint32
 			if v, n = protowire.ConsumeFixed32(b); n >= 0 {
-				if err = d.roomTokens(q, 1, lim, false); err == nil {
-					*q.TokenIDs = append(*q.TokenIDs, v)
+				if err = d.roomTokens(m, 1, lim, false); err == nil {
+					m.TokenIds = append(m.TokenIds, v)
 				}
 			}
 		case num == fieldBlockHashes && typ == protowire.BytesType:
@@ -180,26 +155,26 @@ func (d *queryDecoder) decode(b []byte, q Query) error {
 				if len(v)%8 != 0 {
 					return fmt.Errorf("%w: packed block_hashes of %d bytes, want a multiple of 8", errTruncated, len(v))
 				}
-				if err = d.roomHashes(q, len(v)/8, lim, true); err == nil {
-					*q.BlockHashes = appendFixed64(*q.BlockHashes, v)
+				if err = d.roomHashes(m, len(v)/8, lim, true); err == nil {
+					m.BlockHashes = appendFixed64(m.BlockHashes, v)
 				}
 			}
 		case num == fieldBlockHashes && typ == protowire.Fixed64Type:
 			var v uint64
 			if v, n = protowire.ConsumeFixed64(b); n >= 0 {
-				if err = d.roomHashes(q, 1, lim, false); err == nil {
-					*q.BlockHashes = append(*q.BlockHashes, v)
+				if err = d.roomHashes(m, 1, lim, false); err == nil {
+					m.BlockHashes = append(m.BlockHashes, v)
 				}
 			}
 		case typ == protowire.BytesType && (num == fieldModel || num == fieldLoRA || num == fieldCacheSalt || num == fieldPrompt || num == fieldPods):
 			var v []byte
 			if v, n = protowire.ConsumeBytes(b); n >= 0 {
-				err = d.setString(q, num, v)
+				err = d.setString(m, num, v)
 			}
 		case num == fieldMessages && typ == protowire.BytesType:
 			var v []byte
 			if v, n = protowire.ConsumeBytes(b); n >= 0 {
-				err = d.appendMessage(q, v, lim)
+				err = d.appendMessage(m, v, lim)
 			}
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
@@ -227,8 +202,8 @@ func newCap(n, c, more int, exact bool) int {
 
 // roomTokens makes room for more token ids in q, within the limit, and
 // reserves what a larger slice holds before allocating it.
-func (d *queryDecoder) roomTokens(q Query, more int, lim querylimit.Limits, exact bool) error {
-	s := *q.TokenIDs
+func (d *queryDecoder) roomTokens(m *prefixdv1.Query, more int, lim querylimit.Limits, exact bool) error {
+	s := m.TokenIds
 	if lim.MaxTokens > 0 && len(s)+more > lim.MaxTokens {
 		return &querylimit.Error{Field: "token_ids", Limit: lim.MaxTokens}
 	}
@@ -242,13 +217,13 @@ func (d *queryDecoder) roomTokens(q Query, more int, lim querylimit.Limits, exac
 	d.held += 4 * (c - cap(s))
 	grown := make([]uint32, len(s), c)
 	copy(grown, s)
-	*q.TokenIDs = grown
+	m.TokenIds = grown
 	return nil
 }
 
 // roomHashes is roomTokens for block hashes.
-func (d *queryDecoder) roomHashes(q Query, more int, lim querylimit.Limits, exact bool) error {
-	s := *q.BlockHashes
+func (d *queryDecoder) roomHashes(m *prefixdv1.Query, more int, lim querylimit.Limits, exact bool) error {
+	s := m.BlockHashes
 	if lim.MaxBlockHashes > 0 && len(s)+more > lim.MaxBlockHashes {
 		return &querylimit.Error{Field: "block_hashes", Limit: lim.MaxBlockHashes}
 	}
@@ -262,15 +237,15 @@ func (d *queryDecoder) roomHashes(q Query, more int, lim querylimit.Limits, exac
 	d.held += 8 * (c - cap(s))
 	grown := make([]uint64, len(s), c)
 	copy(grown, s)
-	*q.BlockHashes = grown
+	m.BlockHashes = grown
 	return nil
 }
 
 // appendMessage decodes one chat message, within the limit, reserving
 // first what it will hold: the message, a part and a pointer per content
 // part (counted in v), and at most len(v) bytes of strings.
-func (d *queryDecoder) appendMessage(q Query, v []byte, lim querylimit.Limits) error {
-	ms := *q.Messages
+func (d *queryDecoder) appendMessage(m *prefixdv1.Query, v []byte, lim querylimit.Limits) error {
+	ms := m.Messages
 	if lim.MaxTokens > 0 && len(ms) >= lim.MaxTokens/4 {
 		return &querylimit.Error{Field: "messages", Limit: lim.MaxTokens}
 	}
@@ -282,8 +257,8 @@ func (d *queryDecoder) appendMessage(q Query, v []byte, lim querylimit.Limits) e
 		return err
 	}
 	d.held += n
-	m := new(prefixdv1.ChatMessage)
-	if err := proto.Unmarshal(v, m); err != nil {
+	cm := new(prefixdv1.ChatMessage)
+	if err := proto.Unmarshal(v, cm); err != nil {
 		return err
 	}
 	if len(ms) == cap(ms) {
@@ -291,11 +266,11 @@ func (d *queryDecoder) appendMessage(q Query, v []byte, lim querylimit.Limits) e
 		copy(grown, ms)
 		ms = grown
 	}
-	*q.Messages = append(ms, m)
+	m.Messages = append(ms, cm)
 	return nil
 }
 
-// countParts returns how many content parts (field 3) the encoded chat
+// countParts returns how many content parts (fieldMessageParts) the encoded chat
 // message v holds; malformed input counts what came before the damage,
 // and proto.Unmarshal refuses it.
 func countParts(v []byte) int {
@@ -310,7 +285,7 @@ func countParts(v []byte) int {
 		if k < 0 {
 			return n
 		}
-		if num == 3 {
+		if num == fieldMessageParts {
 			n++
 		}
 		v = v[k:]
@@ -340,13 +315,13 @@ func appendFixed64(s []uint64, v []byte) []uint64 {
 	return s[:len(s)+n]
 }
 
-func (d *queryDecoder) setString(q Query, num protowire.Number, v []byte) error {
+func (d *queryDecoder) setString(m *prefixdv1.Query, num protowire.Number, v []byte) error {
 	if !utf8.Valid(v) {
 		return fmt.Errorf("codec: field %d: string is not valid UTF-8", num)
 	}
 	n := len(v)
-	if num == fieldPods && len(*q.Pods) == cap(*q.Pods) {
-		n += 16 * max(1, 2*cap(*q.Pods))
+	if num == fieldPods && len(m.Pods) == cap(m.Pods) {
+		n += 16 * max(1, 2*cap(m.Pods))
 	}
 	if err := d.reserve(n); err != nil {
 		return err
@@ -354,21 +329,21 @@ func (d *queryDecoder) setString(q Query, num protowire.Number, v []byte) error 
 	d.held += n
 	switch num {
 	case fieldModel:
-		*q.Model = string(v)
+		m.Model = string(v)
 	case fieldLoRA:
-		*q.LoRA = string(v)
+		m.Lora = string(v)
 	case fieldCacheSalt:
-		*q.CacheSalt = string(v)
+		m.CacheSalt = string(v)
 	case fieldPrompt:
-		*q.Prompt = string(v)
+		m.Prompt = string(v)
 	case fieldPods:
-		ps := *q.Pods
+		ps := m.Pods
 		if len(ps) == cap(ps) {
 			grown := make([]string, len(ps), max(1, 2*cap(ps)))
 			copy(grown, ps)
 			ps = grown
 		}
-		*q.Pods = append(ps, string(v))
+		m.Pods = append(ps, string(v))
 	}
 	return nil
 }

@@ -13,11 +13,11 @@ import (
 
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 
-	"github.com/prefixd/prefixd/rpc/internal/querylimit"
+	"github.com/prefixd/prefixd/rpc/querylimit"
 )
 
-func randomQuery(rng *rand.Rand) *prefixdv1.MatchRequest {
-	m := &prefixdv1.MatchRequest{Model: "sim-model"}
+func randomQuery(rng *rand.Rand) *prefixdv1.Query {
+	m := &prefixdv1.Query{Model: "sim-model"}
 	if rng.IntN(2) == 0 {
 		m.Lora, m.CacheSalt = "adapter-é", "salt"
 	}
@@ -46,11 +46,11 @@ func randomQuery(rng *rand.Rand) *prefixdv1.MatchRequest {
 
 // check decodes b with DecodeQuery into a message left dirty by an earlier
 // decode, and compares it with proto.Unmarshal's (unknown fields aside).
-func check(t *testing.T, b []byte, dirty *prefixdv1.MatchRequest) {
+func check(t *testing.T, b []byte, dirty *prefixdv1.Query) {
 	t.Helper()
-	want := new(prefixdv1.MatchRequest)
+	want := new(prefixdv1.Query)
 	wantErr := proto.Unmarshal(b, want)
-	err := DecodeQuery(b, QueryOf(dirty))
+	err := DecodeQuery(b, dirty)
 	if wantErr != nil {
 		return // malformed: DecodeQuery may reject it or not, but must not panic
 	}
@@ -62,7 +62,7 @@ func check(t *testing.T, b []byte, dirty *prefixdv1.MatchRequest) {
 		t.Fatalf("DecodeQuery gave %v, proto.Unmarshal %v", dirty, want)
 	}
 	// A Target without limits decodes the same, whatever it reserves.
-	tg := NewTarget(new(prefixdv1.MatchRequest))
+	tg := NewTarget(new(prefixdv1.Query))
 	tg.Reserve = func(int) error { return nil }
 	tg.decode(b)
 	if tg.Err != nil || !proto.Equal(want, tg.Msg) {
@@ -72,7 +72,7 @@ func check(t *testing.T, b []byte, dirty *prefixdv1.MatchRequest) {
 
 func TestDecodeQueryEqualsUnmarshal(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	dirty := &prefixdv1.MatchRequest{Model: "old", TokenIds: make([]uint32, 5, 1000), BlockHashes: make([]uint64, 7, 1000), Pods: []string{"x"}, Prompt: "old"}
+	dirty := &prefixdv1.Query{Model: "old", TokenIds: make([]uint32, 5, 1000), BlockHashes: make([]uint64, 7, 1000), Pods: []string{"x"}, Prompt: "old"}
 	for range 500 {
 		b, err := proto.Marshal(randomQuery(rng))
 		if err != nil {
@@ -92,8 +92,8 @@ func TestDecodeQueryEqualsUnmarshal(t *testing.T) {
 	// The capacity is reused.
 	hs := make([]uint64, 0, 64)
 	dirty.BlockHashes = hs
-	b, _ := proto.Marshal(&prefixdv1.MatchRequest{Model: "m", BlockHashes: []uint64{1, 2, 3}})
-	if err := DecodeQuery(b, QueryOf(dirty)); err != nil {
+	b, _ := proto.Marshal(&prefixdv1.Query{Model: "m", BlockHashes: []uint64{1, 2, 3}})
+	if err := DecodeQuery(b, dirty); err != nil {
 		t.Fatal(err)
 	}
 	if &dirty.BlockHashes[0] != &hs[:1][0] {
@@ -108,7 +108,7 @@ func TestDecodeQueryRejects(t *testing.T) {
 		"bad utf-8":        {0x0a, 0x02, 0xff, 0xfe},
 		"bad tag":          {0x80},
 	} {
-		if err := DecodeQuery(b, QueryOf(new(prefixdv1.MatchRequest))); err == nil {
+		if err := DecodeQuery(b, new(prefixdv1.Query)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -117,8 +117,8 @@ func TestDecodeQueryRejects(t *testing.T) {
 func TestCodecRoundTrip(t *testing.T) {
 	var c Codec
 	for _, in := range []proto.Message{
-		&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 20000)},
-		&prefixdv1.ScoreRequest{Model: "m", BlockHashes: []uint64{1, 2}},
+		&prefixdv1.Query{Model: "m", TokenIds: make([]uint32, 20000)},
+		&prefixdv1.Query{Model: "m", BlockHashes: []uint64{1, 2}},
 		&prefixdv1.MatchResponse{Model: "m", Pods: []*prefixdv1.PodMatch{{Pod: "p", Blocks: 3}}},
 	} {
 		data, err := c.Marshal(in)
@@ -150,7 +150,7 @@ func FuzzDecodeQuery(f *testing.F) {
 	}
 	f.Add([]byte{0x2a, 0x10, 1, 2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		check(t, b, &prefixdv1.MatchRequest{TokenIds: make([]uint32, 0, 8)})
+		check(t, b, &prefixdv1.Query{TokenIds: make([]uint32, 0, 8)})
 	})
 }
 
@@ -159,21 +159,21 @@ func FuzzDecodeQuery(f *testing.F) {
 func BenchmarkDecodeQuery(b *testing.B) {
 	for _, bc := range []struct {
 		name string
-		m    *prefixdv1.MatchRequest
+		m    *prefixdv1.Query
 	}{
-		{"tokens-8k", &prefixdv1.MatchRequest{Model: "sim-model", TokenIds: make([]uint32, 8192)}},
-		{"hashes-512", &prefixdv1.MatchRequest{Model: "sim-model", BlockHashes: make([]uint64, 512)}},
+		{"tokens-8k", &prefixdv1.Query{Model: "sim-model", TokenIds: make([]uint32, 8192)}},
+		{"hashes-512", &prefixdv1.Query{Model: "sim-model", BlockHashes: make([]uint64, 512)}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			data, err := proto.Marshal(bc.m)
 			if err != nil {
 				b.Fatal(err)
 			}
-			var into prefixdv1.MatchRequest
+			var into prefixdv1.Query
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := DecodeQuery(data, QueryOf(&into)); err != nil {
+				if err := DecodeQuery(data, &into); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -198,7 +198,7 @@ func TestTargetLimits(t *testing.T) {
 		}
 		return b
 	}
-	marshal := func(m *prefixdv1.MatchRequest) []byte {
+	marshal := func(m *prefixdv1.Query) []byte {
 		b, err := proto.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
@@ -210,15 +210,15 @@ func TestTargetLimits(t *testing.T) {
 		b     []byte
 		field string // "" for no error
 	}{
-		{"tokens at the limit", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 8)}), ""},
-		{"tokens over", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 9)}), "token_ids"},
-		{"a million tokens", marshal(&prefixdv1.MatchRequest{Model: "m", TokenIds: make([]uint32, 1<<20)}), "token_ids"},
+		{"tokens at the limit", marshal(&prefixdv1.Query{Model: "m", TokenIds: make([]uint32, 8)}), ""},
+		{"tokens over", marshal(&prefixdv1.Query{Model: "m", TokenIds: make([]uint32, 9)}), "token_ids"},
+		{"a million tokens", marshal(&prefixdv1.Query{Model: "m", TokenIds: make([]uint32, 1<<20)}), "token_ids"},
 		{"unpacked tokens over", unpacked(9), "token_ids"},
-		{"hashes over", marshal(&prefixdv1.MatchRequest{Model: "m", BlockHashes: make([]uint64, 3)}), "block_hashes"},
-		{"messages at the limit", marshal(&prefixdv1.MatchRequest{Model: "m", Messages: msgs(2)}), ""},
-		{"messages over", marshal(&prefixdv1.MatchRequest{Model: "m", Messages: msgs(3)}), "messages"},
+		{"hashes over", marshal(&prefixdv1.Query{Model: "m", BlockHashes: make([]uint64, 3)}), "block_hashes"},
+		{"messages at the limit", marshal(&prefixdv1.Query{Model: "m", Messages: msgs(2)}), ""},
+		{"messages over", marshal(&prefixdv1.Query{Model: "m", Messages: msgs(3)}), "messages"},
 	} {
-		tg := NewTarget(new(prefixdv1.MatchRequest))
+		tg := NewTarget(new(prefixdv1.Query))
 		tg.Limits = lim
 		reserved := 0
 		tg.Reserve = func(n int) error { reserved += n; return nil }
@@ -240,9 +240,9 @@ func TestTargetLimits(t *testing.T) {
 			t.Errorf("%s: reserved %d bytes for a message of %d", tc.name, reserved, len(tc.b))
 		}
 	}
-	tg := NewTarget(new(prefixdv1.MatchRequest))
+	tg := NewTarget(new(prefixdv1.Query))
 	tg.Limits = lim
-	tg.decode(marshal(&prefixdv1.MatchRequest{Messages: msgs(3)}))
+	tg.decode(marshal(&prefixdv1.Query{Messages: msgs(3)}))
 	if tg.Err == nil || tg.Err.Error() != "more than 8 tokens: more than 2 messages, each at least 4 tokens" {
 		t.Errorf("messages over the limit: %v", tg.Err)
 	}
@@ -260,7 +260,7 @@ func TestTargetReserves(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = &prefixdv1.ChatMessage{}
 	}
-	for name, m := range map[string]*prefixdv1.MatchRequest{
+	for name, m := range map[string]*prefixdv1.Query{
 		"tokens":      {Model: "m", TokenIds: make([]uint32, 1<<17)},
 		"hashes":      {Model: "m", BlockHashes: make([]uint64, 8192)},
 		"prompt":      {Model: "m", Prompt: strings.Repeat("word ", 1<<17)},
@@ -273,7 +273,7 @@ func TestTargetReserves(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tg := NewTarget(new(prefixdv1.MatchRequest))
+			tg := NewTarget(new(prefixdv1.Query))
 			tg.Limits = querylimit.Limits{MaxTokens: 1 << 17, MaxBlockHashes: 8192}
 			reserved := 0
 			tg.Reserve = func(n int) error { reserved += n; return nil }
@@ -296,7 +296,7 @@ func TestTargetReserves(t *testing.T) {
 
 			refused := errors.New("refused")
 			left := reserved / 2
-			tg = NewTarget(new(prefixdv1.MatchRequest))
+			tg = NewTarget(new(prefixdv1.Query))
 			tg.Reserve = func(n int) error {
 				if n > left {
 					return refused

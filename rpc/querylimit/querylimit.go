@@ -1,15 +1,16 @@
 // Package querylimit holds the limits that both query decoders, gRPC's
-// (rpc/internal/codec) and JSON's (rpc/internal/jsonquery), apply while
-// they read a query, and the error they report a query over one with.
+// (rpc/internal/codec) and JSON's (rpc/querybody), apply while they read a
+// query, and the error they report a query over one with.
 package querylimit
 
 import "fmt"
 
 // Limits bound what a decoder keeps of a query; 0 is no limit.
 type Limits struct {
-	// MaxTokens bounds token_ids, and messages to MaxTokens/4: every
-	// message renders to at least 4 tokens ("#", "#", "# " and the ": "
-	// after its role), so a chat of more is over the limit.
+	// MaxTokens bounds token_ids (and a prompt of token ids), and messages
+	// to MaxTokens/4: every message renders to at least 4 tokens ("#",
+	// "#", "# " and the ": " after its role), so a chat of more is over
+	// the limit.
 	MaxTokens int
 	// MaxBlockHashes bounds block_hashes.
 	MaxBlockHashes int
