@@ -43,6 +43,9 @@ type MatchResponseJSON struct {
 	Tokens      int            `json:"tokens"`
 	TotalBlocks int            `json:"total_blocks"`
 	Pods        []PodMatchJSON `json:"pods"`
+	// Explanation says why Pods is empty when the reason is not the
+	// query's own (no event has come yet); absent otherwise.
+	Explanation string `json:"explanation,omitempty"`
 }
 
 // PodMatchJSON is one pod of MatchResponseJSON.
@@ -167,7 +170,7 @@ type httpAnswer func(res *indexer.Result, q *indexer.Query) any
 func httpMatchAnswer(res *indexer.Result, _ *indexer.Query) any {
 	out := MatchResponseJSON{
 		Model: res.Model, BlockSize: res.BlockSize, Tokens: res.Tokens, TotalBlocks: res.TotalBlocks,
-		Pods: make([]PodMatchJSON, len(res.Pods)),
+		Pods: make([]PodMatchJSON, len(res.Pods)), Explanation: res.Explanation,
 	}
 	for i, p := range res.Pods {
 		out.Pods[i] = PodMatchJSON{

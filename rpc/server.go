@@ -458,6 +458,7 @@ func matchResponse(res *indexer.Result) *prefixdv1.MatchResponse {
 		Tokens:      uint32(res.Tokens),
 		TotalBlocks: uint32(res.TotalBlocks),
 		Pods:        make([]*prefixdv1.PodMatch, len(res.Pods)),
+		Explanation: res.Explanation,
 	}
 	// One allocation for all pods.
 	pms := make([]prefixdv1.PodMatch, len(res.Pods))

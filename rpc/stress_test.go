@@ -98,9 +98,9 @@ func TestStressEverythingAtOnce(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				q := &prefixdv1.MatchRequest{Model: "sim-model", TokenIds: f.tokens}
+				q := &prefixdv1.Query{Model: "sim-model", TokenIds: f.tokens}
 				_, _ = s.Match(ctx, q)
-				_, _ = s.Score(ctx, &prefixdv1.ScoreRequest{Model: "lora-1-3", TokenIds: f.tokens})
+				_, _ = s.Score(ctx, &prefixdv1.Query{Model: "lora-1-3", TokenIds: f.tokens})
 				_, _ = s.Pods(ctx, &prefixdv1.PodsRequest{})
 				_, _ = s.Stats(ctx, &prefixdv1.StatsRequest{})
 			}

@@ -240,3 +240,36 @@ func TestServeAnswersWhileAdaptersArrive(t *testing.T) {
 	}
 	p.alive(t)
 }
+
+// The first queries of a fleet, before any event, answer no pods and say
+// why; a configured model no pod has sent events for does the same; a
+// name that cannot be right, once models are known, is 404 naming them.
+func TestServeEarlyQueries(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "prefixd.yaml")
+	ask := func(p *proc, model string) (int, string) {
+		body, _ := json.Marshal(map[string]any{"model": model, "prompt": "the first question of the day"})
+		resp, err := httpClient.Post(p.base+"/v1/match", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	p := startServe(t)
+	if code, body := ask(p, "sim-model"); code != http.StatusOK || !strings.Contains(body, `"pods":[]`) || !strings.Contains(body, `"explanation":"no pod has sent events yet`) {
+		t.Fatalf("before any event: %d %s", code, body)
+	}
+	if err := os.WriteFile(config, []byte("models:\n  sim-model: {loras: [sql-lora]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p = startServe(t, "--config", config)
+	for _, model := range []string{"sim-model", "sql-lora"} {
+		if code, body := ask(p, model); code != http.StatusOK || !strings.Contains(body, `no pod serving model \"sim-model\" has sent events yet`) {
+			t.Fatalf("configured %s before its events: %d %s", model, code, body)
+		}
+	}
+	if code, body := ask(p, "sim-modle"); code != http.StatusNotFound || !strings.Contains(body, "sim-model") || !strings.Contains(body, "sql-lora") {
+		t.Fatalf("a misspelt model: %d %s", code, body)
+	}
+}

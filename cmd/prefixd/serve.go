@@ -191,7 +191,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		zf       zmqFlags
 		so       memory.Options
 		keyMode  = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
-		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, POST /v1/match, GET /v1/pods")
+		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, POST /v1/match, POST /v1/score,\nGET /v1/pods, GET /v1/stats")
 		grpcAddr = fs.String("grpc-addr", ":50051", "address of the gRPC server (prefixd.v1.IndexService, health, reflection)")
 		drain    = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long queries in flight may take before they are cut off")
 		workers  = fs.Int("workers", 0, "goroutines applying events, each owning a share of the pods (default GOMAXPROCS*2)")

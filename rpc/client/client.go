@@ -109,6 +109,9 @@ type Result struct {
 	TotalBlocks int
 	// Pods holds every pod with a matched block, best first.
 	Pods []PodMatch
+	// Explanation says why Pods is empty when the reason is not the
+	// query's own (no event has come yet); "" otherwise.
+	Explanation string
 }
 
 // PodMatch is one pod's share of a query.
@@ -184,7 +187,7 @@ func (c *Client) Match(ctx context.Context, q *Query) (*Result, error) {
 	}
 	res := &Result{
 		Model: resp.GetModel(), BlockSize: int(resp.GetBlockSize()),
-		Tokens: int(resp.GetTokens()), TotalBlocks: int(resp.GetTotalBlocks()),
+		Tokens: int(resp.GetTokens()), TotalBlocks: int(resp.GetTotalBlocks()), Explanation: resp.GetExplanation(),
 		Pods: make([]PodMatch, len(resp.GetPods())),
 	}
 	for i, p := range resp.GetPods() {

@@ -277,7 +277,10 @@ type MatchResponse struct {
 	// total_blocks is the query's count of full blocks.
 	TotalBlocks uint32 `protobuf:"varint,4,opt,name=total_blocks,json=totalBlocks,proto3" json:"total_blocks,omitempty"`
 	// pods holds every pod with at least one matched block, best first.
-	Pods          []*PodMatch `protobuf:"bytes,5,rep,name=pods,proto3" json:"pods,omitempty"`
+	Pods []*PodMatch `protobuf:"bytes,5,rep,name=pods,proto3" json:"pods,omitempty"`
+	// explanation says why pods is empty when the reason is not the query's
+	// own: no event has come yet for any model, or for this one.
+	Explanation   string `protobuf:"bytes,6,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -347,11 +350,18 @@ func (x *MatchResponse) GetPods() []*PodMatch {
 	return nil
 }
 
+func (x *MatchResponse) GetExplanation() string {
+	if x != nil {
+		return x.Explanation
+	}
+	return ""
+}
+
 // PodMatch is one pod's share of a query.
 type PodMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// pod is the pod's name: "ip:port", with "#rank" for data-parallel ranks
-	// above 0.
+	// pod is the pod's name: the "ip:port" its topic gives, with "#rank" for
+	// data-parallel ranks above 0 that share one topic.
 	Pod string `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
 	// blocks is the length of the longest prefix of the query the pod holds.
 	Blocks uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
@@ -892,14 +902,15 @@ const file_prefixd_v1_prefixd_proto_rawDesc = "" +
 	"\fblock_hashes\x18\x05 \x03(\x06R\vblockHashes\x12\x16\n" +
 	"\x06prompt\x18\x06 \x01(\tR\x06prompt\x123\n" +
 	"\bmessages\x18\a \x03(\v2\x17.prefixd.v1.ChatMessageR\bmessages\x12\x12\n" +
-	"\x04pods\x18\b \x03(\tR\x04pods\"\xa9\x01\n" +
+	"\x04pods\x18\b \x03(\tR\x04pods\"\xcb\x01\n" +
 	"\rMatchResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x02 \x01(\rR\tblockSize\x12\x16\n" +
 	"\x06tokens\x18\x03 \x01(\rR\x06tokens\x12!\n" +
 	"\ftotal_blocks\x18\x04 \x01(\rR\vtotalBlocks\x12(\n" +
-	"\x04pods\x18\x05 \x03(\v2\x14.prefixd.v1.PodMatchR\x04pods\"\xf7\x01\n" +
+	"\x04pods\x18\x05 \x03(\v2\x14.prefixd.v1.PodMatchR\x04pods\x12 \n" +
+	"\vexplanation\x18\x06 \x01(\tR\vexplanation\"\xf7\x01\n" +
 	"\bPodMatch\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x16\n" +
