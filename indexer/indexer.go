@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,10 @@ type pod struct {
 	lastEvent time.Time
 	b         batcher  // turns event batches into store batches
 	buf       []uint64 // hash check scratch
+	// staleSeries is set once the pod's prefixd_pod_stale series exists: a
+	// pod never stale has none, so that a fleet costs the series its
+	// trouble needs.
+	staleSeries atomic.Bool
 	// lost is set when a batch held for an undecided key mode could not be
 	// applied: the store's applied seq is then behind what the caller was
 	// told, and the next Apply says so (ErrBehind) instead of applying.
@@ -389,12 +394,18 @@ func (ix *Indexer) SetStale(ctx context.Context, podName string, stale bool) err
 	}
 	// The gauge is set under ix.mu so that it is not set again for a pod
 	// RemovePod has just forgotten.
+	// Under ix.mu, so that neither the gauge nor the store's mark outlives
+	// a RemovePod that has just forgotten the pod.
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if ix.pods[podName] == nil {
+	p := ix.pods[podName]
+	if p == nil {
 		return nil
 	}
-	ix.metrics.stale.WithLabelValues(podName).Set(v)
+	if stale || p.staleSeries.Load() {
+		ix.metrics.stale.WithLabelValues(podName).Set(v)
+		p.staleSeries.Store(true)
+	}
 	return ix.store.SetStale(ctx, podName, stale)
 }
 

@@ -22,6 +22,8 @@ else
 fi
 bench ./events/transport/ '^BenchmarkIngest$' 200000x
 bench ./indexer/ingest/ '^BenchmarkEndToEnd$' 50000x
+# prefixd serve as a process, under hostile input: memory and /metrics size.
+bench ./cmd/prefixd/ '^Benchmark(QueryFlood|ManyTopicsMetrics)$' 1x
 # The query load runs on both cores: client and server share the machine.
 n=$((n + 1))
 cmd="go test -run '^\$' -bench '^BenchmarkGRPCMatch$' -benchtime 5s -benchmem -cpu 2 -count 1 ./rpc/"

@@ -22,7 +22,7 @@ import (
 
 // storedBatch is a batch of one BlockStored event of blocks of 16 tokens,
 // in the sim's array form, with lora, medium and the event type as given.
-func storedBatch(t *testing.T, typ string, hashes []uint64, lora, medium string) []byte {
+func storedBatch(t testing.TB, typ string, hashes []uint64, lora, medium string) []byte {
 	t.Helper()
 	toks := make([]uint32, 16*len(hashes))
 	for i := range toks {
@@ -226,25 +226,34 @@ func sendRecordingA(t *testing.T, p *proc) {
 // stays small.
 func TestServeManyTopicsBoundedMetrics(t *testing.T) {
 	p := startServe(t)
-	pub := dialRaw(t, p.zmq, "127.0.0.1")
-	const topics = 20_000
-	payload := storedBatch(t, "BlockStored", []uint64{42}, "", "")
-	for i := range topics {
-		pub.send(t, fmt.Appendf(nil, "kv@127.0.0.1:%d@sim-model", 10_000+i), seqBytes(1), payload)
+	size := sendManyTopics(t, p)
+	if size > 5<<20 {
+		t.Fatalf("/metrics is %d bytes for %d topics; want under 5 MiB", size, manyTopics)
 	}
-	p.waitUntil(t, "every topic handled", func() bool {
-		body := p.metrics(t)
-		return sampleSum(body, "prefixd_batches_applied_total")+sampleSum(body, "prefixd_ingest_dropped_total", `reason="max_pods"`) == topics
+	if n := p.metric(t, "prefixd_ingest_dropped_total", `reason="max_pods"`); n != manyTopics-4096 {
+		t.Fatalf("max_pods refusals %v, want %d", n, manyTopics-4096)
+	}
+	t.Logf("/metrics: %d bytes for %d topics (%d pods)", size, manyTopics, 4096)
+}
+
+// manyTopics is how many topics sendManyTopics sends.
+const manyTopics = 20_000
+
+// sendManyTopics sends one batch on each of manyTopics topics, each naming
+// a pod of its own, from one publisher, and returns the size of /metrics
+// once every one is applied or refused.
+func sendManyTopics(tb testing.TB, p *proc) int {
+	pub := dialRaw(tb, p.zmq, "127.0.0.1")
+	payload := storedBatch(tb, "BlockStored", []uint64{42}, "", "")
+	for i := range manyTopics {
+		pub.send(tb, fmt.Appendf(nil, "kv@127.0.0.1:%d@sim-model", 10_000+i), seqBytes(1), payload)
+	}
+	p.waitUntil(tb, "every topic handled", func() bool {
+		body := p.metrics(tb)
+		return sampleSum(body, "prefixd_batches_applied_total")+sampleSum(body, "prefixd_ingest_dropped_total", `reason="max_pods"`) == manyTopics
 	})
-	p.alive(t)
-	body := p.metrics(t)
-	if len(body) > 5<<20 {
-		t.Fatalf("/metrics is %d bytes for %d topics; want under 5 MiB", len(body), topics)
-	}
-	if n := sampleSum(body, "prefixd_ingest_dropped_total", `reason="max_pods"`); n != topics-4096 {
-		t.Fatalf("max_pods refusals %v, want %d", n, topics-4096)
-	}
-	t.Logf("/metrics: %d bytes for %d topics (%d pods)", len(body), topics, 4096)
+	p.alive(tb)
+	return len(p.metrics(tb))
 }
 
 // Connections that never send a byte are closed after the handshake

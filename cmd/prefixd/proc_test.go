@@ -30,7 +30,7 @@ type proc struct {
 
 // startServe starts prefixd serve bound to free loopback ports, with extra
 // flags, and waits until it is ready. It is killed when the test ends.
-func startServe(t *testing.T, extra ...string) *proc {
+func startServe(t testing.TB, extra ...string) *proc {
 	t.Helper()
 	p := &proc{
 		base:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
@@ -72,7 +72,7 @@ func startServe(t *testing.T, extra ...string) *proc {
 }
 
 // alive fails the test unless the process runs and answers /healthz.
-func (p *proc) alive(t *testing.T) {
+func (p *proc) alive(t testing.TB) {
 	t.Helper()
 	select {
 	case <-p.exited:
@@ -86,7 +86,7 @@ func (p *proc) alive(t *testing.T) {
 
 // waitUntil polls cond until it holds, failing the test when the process
 // exits or serveWait passes.
-func (p *proc) waitUntil(t *testing.T, what string, cond func() bool) {
+func (p *proc) waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(serveWait)
 	for !cond() {
@@ -103,7 +103,7 @@ func (p *proc) waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // metrics scrapes /metrics and returns the body.
-func (p *proc) metrics(t *testing.T) []byte {
+func (p *proc) metrics(t testing.TB) []byte {
 	t.Helper()
 	code, body := get(p.base + "/metrics")
 	if code != http.StatusOK {
@@ -114,7 +114,7 @@ func (p *proc) metrics(t *testing.T) []byte {
 
 // metric returns the sum of the samples of family name whose labels
 // include every label given as name="value" (0 when there is none).
-func (p *proc) metric(t *testing.T, name string, labels ...string) float64 {
+func (p *proc) metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
 	return sampleSum(p.metrics(t), name, labels...)
 }
@@ -147,7 +147,7 @@ func sampleSum(body []byte, name string, labels ...string) float64 {
 }
 
 // peakRSS returns the process's peak resident set size (VmHWM), in bytes.
-func (p *proc) peakRSS(t *testing.T) int64 {
+func (p *proc) peakRSS(t testing.TB) int64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
@@ -174,7 +174,7 @@ type rawPub struct {
 
 // dialRaw connects to a tcp:// endpoint from source IP local ("" for any)
 // and completes the handshake as a PUB.
-func dialRaw(t *testing.T, endpoint, local string) *rawPub {
+func dialRaw(t testing.TB, endpoint, local string) *rawPub {
 	t.Helper()
 	d := net.Dialer{Timeout: 5 * time.Second}
 	if local != "" {
@@ -192,7 +192,7 @@ func dialRaw(t *testing.T, endpoint, local string) *rawPub {
 }
 
 // send writes one message of frames.
-func (r *rawPub) send(t *testing.T, frames ...[]byte) {
+func (r *rawPub) send(t testing.TB, frames ...[]byte) {
 	t.Helper()
 	if _, err := r.c.Write(zmqpub.Message(frames...)); err != nil {
 		t.Fatal(err)

@@ -37,51 +37,13 @@ func TestQueryLimitsUnderLoad(t *testing.T) {
 	base, stderr := p.base, p.stderr
 	before := p.peakRSS(t)
 
-	bodies := hostileBodies(4 << 20)
-	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, MaxConnsPerHost: 0}}
-	type answer struct {
-		kind   string
-		code   int
-		reason string
-		err    error
-	}
-	const senders = 300
-	answers := make(chan answer, senders)
-	var (
-		wg    sync.WaitGroup
-		ready sync.WaitGroup
-		gate  = make(chan struct{})
-	)
 	start := time.Now()
-	for i := range senders {
-		b := bodies[i%len(bodies)]
-		ready.Add(1)
-		wg.Go(func() {
-			ready.Done()
-			<-gate
-			resp, err := client.Post(base+"/v1/match", "application/json", bytes.NewReader(b.body))
-			if err != nil {
-				answers <- answer{kind: b.kind, err: err}
-				return
-			}
-			defer resp.Body.Close()
-			var e struct {
-				Reason string `json:"reason"`
-			}
-			raw, _ := io.ReadAll(resp.Body)
-			_ = json.Unmarshal(raw, &e)
-			answers <- answer{kind: b.kind, code: resp.StatusCode, reason: e.Reason}
-		})
-	}
-	ready.Wait()
-	close(gate)
-	wg.Wait()
-	close(answers)
+	answers := floodQueries(base)
 	elapsed := time.Since(start)
 
 	counts := map[string]int{}
 	refusedByLimit, unanswered := 0, 0
-	for a := range answers {
+	for _, a := range answers {
 		switch {
 		case a.err != nil:
 			t.Errorf("%s body: no answer: %v", a.kind, a.err)
@@ -98,7 +60,7 @@ func TestQueryLimitsUnderLoad(t *testing.T) {
 		counts[fmt.Sprintf("%s %d %s", a.kind, a.code, a.reason)]++
 	}
 	peak := p.peakRSS(t)
-	t.Logf("%d bodies answered in %v: %v", senders, elapsed.Round(time.Millisecond), counts)
+	t.Logf("%d bodies answered in %v: %v", len(answers), elapsed.Round(time.Millisecond), counts)
 	t.Logf("VmHWM %d MB before the load, %d MB after", before>>20, peak>>20)
 	if unanswered > 0 {
 		log := stderr.String()
@@ -130,7 +92,7 @@ func TestQueryLimitsUnderLoad(t *testing.T) {
 		`{"model":"sim-model","token_ids":[` + strings.Join(ids, ",") + `]}`,
 		`{"model":"sim-model","messages":[{"role":"user","content":"How long is the Rhine?"}]}`,
 	} {
-		resp, err := client.Post(base+"/v1/match", "application/json", strings.NewReader(body))
+		resp, err := httpClient.Post(base+"/v1/match", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,4 +146,85 @@ func hostileBodies(size int) []hostileBody {
 		// 413 by its Content-Length.
 		{"over the limit", build(`{"model":"sim-model","prompt":"`, `word `, `"}`, size+1<<10)},
 	}
+}
+
+// floodAnswer is what one body of floodQueries got.
+type floodAnswer struct {
+	kind   string
+	code   int
+	reason string
+	err    error
+}
+
+// floodQueries sends 300 concurrent POST /v1/match bodies of about 4 MiB
+// each, of every hostile kind, and returns their answers.
+func floodQueries(base string) []floodAnswer {
+	bodies := hostileBodies(4 << 20)
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, MaxConnsPerHost: 0}}
+	const senders = 300
+	answers := make(chan floodAnswer, senders)
+	var (
+		wg    sync.WaitGroup
+		ready sync.WaitGroup
+		gate  = make(chan struct{})
+	)
+	for i := range senders {
+		b := bodies[i%len(bodies)]
+		ready.Add(1)
+		wg.Go(func() {
+			ready.Done()
+			<-gate
+			resp, err := client.Post(base+"/v1/match", "application/json", bytes.NewReader(b.body))
+			if err != nil {
+				answers <- floodAnswer{kind: b.kind, err: err}
+				return
+			}
+			defer resp.Body.Close()
+			var e struct {
+				Reason string `json:"reason"`
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			_ = json.Unmarshal(raw, &e)
+			answers <- floodAnswer{kind: b.kind, code: resp.StatusCode, reason: e.Reason}
+		})
+	}
+	ready.Wait()
+	close(gate)
+	wg.Wait()
+	close(answers)
+	out := make([]floodAnswer, 0, senders)
+	for a := range answers {
+		out = append(out, a)
+	}
+	return out
+}
+
+// BenchmarkQueryFlood measures prefixd serve's peak RSS (VmHWM) under the
+// flood of TestQueryLimitsUnderLoad: 300 concurrent 4 MiB bodies. It runs
+// once, whatever b.N.
+func BenchmarkQueryFlood(b *testing.B) {
+	config := filepath.Join(b.TempDir(), "prefixd.yaml")
+	if err := os.WriteFile(config, []byte("models:\n  sim-model: {key-mode: engine}\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var peak int64
+	for range b.N {
+		p := startServe(b, "--config", config)
+		floodQueries(p.base)
+		p.alive(b)
+		peak = max(peak, p.peakRSS(b))
+	}
+	b.ReportMetric(float64(peak)/(1<<20), "peak-rss-MiB")
+}
+
+// BenchmarkManyTopicsMetrics measures the size of /metrics once 20,000
+// topics, each a pod of its own, have reached prefixd serve
+// (TestServeManyTopicsBoundedMetrics).
+func BenchmarkManyTopicsMetrics(b *testing.B) {
+	var size int
+	for range b.N {
+		p := startServe(b)
+		size = max(size, sendManyTopics(b, p))
+	}
+	b.ReportMetric(float64(size), "metrics-bytes")
 }

@@ -45,7 +45,7 @@ func (l *lockedBuffer) String() string {
 }
 
 // freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

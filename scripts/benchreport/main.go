@@ -61,6 +61,8 @@ var targets = []target{
 	{"#6", "gRPC Match by 8k token ids: throughput", "BenchmarkGRPCMatch/tokens-8k", "queries/s", 1e-3, "k queries/s", false, 5, ""},
 	{"#6", "the same: p99", "BenchmarkGRPCMatch/tokens-8k", "p99-ms", 1, "ms", true, 5, ""},
 	{"#5", "end to end: recording a looped through a socket, subscriber, pipeline, index", "BenchmarkEndToEnd", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target"},
+	{"#10", "prefixd serve's peak RSS under 300 concurrent 4 MiB /v1/match bodies", "BenchmarkQueryFlood", "peak-rss-MiB", 1, "MiB", true, 700 * 1e6 / (1 << 20), "700 MB; the query byte budget is 256 MiB"},
+	{"#10", "prefixd serve's /metrics after 20,000 topics, each a pod of its own", "BenchmarkManyTopicsMetrics", "metrics-bytes", 1e-6, "MB", true, 5 * (1 << 20) * 1e-6, "5 MiB; --max-pods keeps 4096 of the pods"},
 }
 
 var lineRE = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
