@@ -118,7 +118,7 @@ func main() {
 			if t.max {
 				op = "≤"
 			}
-			goal = fmt.Sprintf("%s %g %s", op, t.limit, t.shown)
+			goal = fmt.Sprintf("%s %s %s", op, formatLimit(t.limit), t.shown)
 		}
 		if !ok || !ok2 {
 			fmt.Fprintf(&b, "| %s | %s | %s | not measured | no |\n", t.issue, t.what, goal)
@@ -150,6 +150,15 @@ func main() {
 	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
 		fatal(err)
 	}
+}
+
+// formatLimit prints a target with at most three significant digits, as
+// round targets are written in the issues (1.5, 40, 250).
+func formatLimit(v float64) string {
+	if g := strconv.FormatFloat(v, 'g', 3, 64); !strings.ContainsRune(g, 'e') {
+		return g
+	}
+	return format(v)
 }
 
 func format(v float64) string {
