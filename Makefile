@@ -4,7 +4,7 @@ GO            ?= go
 BIN           ?= bin
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
-FUZZTIME      ?= 5s
+FUZZTIME      ?= 50000x
 RUN_ARGS      ?= serve
 
 .PHONY: help build test fuzz bench lint fmt generate verify run clean deps
@@ -28,7 +28,7 @@ test:
 	$(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 
-# fuzz runs each fuzz target for FUZZTIME (make fuzz FUZZTIME=10m for longer).
+# fuzz runs each fuzz target for FUZZTIME inputs (make fuzz FUZZTIME=10m for longer).
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
