@@ -47,7 +47,8 @@ func ParseKeyMode(s string) (KeyMode, error) {
 
 // ModelOptions configure how one served model is hashed and keyed.
 type ModelOptions struct {
-	// HashScheme is the engine's scheme: llmd, vllm-sha256-cbor or xxh3.
+	// HashScheme is the engine's scheme (blockhash.SchemeNames): llmd,
+	// vllm-sha256-cbor, vllm-xxhash-cbor or xxh3.
 	HashScheme string
 	// HashSeed is the engine's hash seed (PYTHONHASHSEED or --hash-seed).
 	HashSeed string

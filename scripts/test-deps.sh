@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what prefixd's tests need on a fresh Debian machine: a real
-# redis-server and real libzmq publishers (python3-zmq, python3-msgpack for
-# the system interpreter /usr/bin/python3). Needs root, or sudo.
+# redis-server, real libzmq publishers (python3-zmq, python3-msgpack) and
+# the libraries vLLM's CBOR block hashes call (python3-cbor2, python3-xxhash),
+# for the system interpreter /usr/bin/python3. Needs root, or sudo.
 set -euo pipefail
-pkgs=(redis-server python3-zmq python3-msgpack)
+pkgs=(redis-server python3-zmq python3-msgpack python3-cbor2 python3-xxhash)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,10 +17,37 @@ import (
 	"github.com/prefixd/prefixd/rpc/querybody"
 )
 
+// hashSchemesHelp ends hash's usage: which engines' block hashes prefixd
+// reproduces, and what it does for those it cannot.
+const hashSchemesHelp = `
+Hash schemes (--hash-scheme), the engines' block hash chains prefixd reproduces:
+  llmd              llm-d-inference-sim and llm-d's token processor: FNV-64a over
+                    canonical CBOR, rooted in the model (or LoRA adapter) name
+  vllm-sha256-cbor  vLLM --prefix-caching-hash-algo sha256_cbor: SHA-256 over
+                    canonical CBOR
+  vllm-xxhash-cbor  vLLM --prefix-caching-hash-algo xxhash_cbor: xxh3-128 over
+                    canonical CBOR; vLLM seeds it at random per process unless
+                    PYTHONHASHSEED is set, so set it on every engine and give it
+                    as --hash-seed
+and prefixd's own:
+  xxh3              prefixd's chain over token ids, no engine's
+
+vLLM's default algorithm, sha256, and its xxhash hash Python pickle bytes,
+which cannot be reproduced outside Python. prefixd indexes such fleets in
+tokens key mode (serve and replay --key-mode tokens, which auto falls back
+to): it keys blocks by its own chain over each event's token_ids and maps
+the engine's hashes to its keys.
+`
+
 // runHash prints the block hashes of one prompt: a chat request, a
 // completion prompt or token ids.
 func runHash(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("hash", "(--chat FILE | --prompt TEXT | --tokens 1,2,3)", stderr)
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprint(stderr, hashSchemesHelp)
+	}
 	var hf hashFlags
 	hf.register(fs)
 	chat := fs.String("chat", "", "file holding an OpenAI chat-completions or completions request body as sent,\na recorded request line {\"request\": {...}}, or a bare messages array;\ntext is tokenized with the sim's tokenizer")

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/blockhash"
 	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/internal/fixture"
 	"github.com/prefixd/prefixd/rpc/querybody"
@@ -227,6 +228,12 @@ func TestHashSchemes(t *testing.T) {
 		// Without --hash-seed: vLLM's default seed.
 		{[]string{"--hash-scheme", "vllm-sha256-cbor", "--tokens", tokens[:strings.LastIndex(tokens, ",")] + ",17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32"},
 			"8866452693264111234\n807986237951177663\n"},
+		// vLLM xxhash_cbor with PYTHONHASHSEED=0 (vectors_test.go); like
+		// sha256_cbor it hashes no model name.
+		{[]string{"--hash-scheme", "vllm-xxhash-cbor", "--hash-seed", "0", "--tokens", tokens}, "882618318818381833\n"},
+		{[]string{"--hash-scheme", "vllm-xxhash-cbor", "--hash-seed", "0", "--model", "any", "--cache-salt", "salt-xyz",
+			"--tokens", tokens[:strings.LastIndex(tokens, ",")] + ",17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32"},
+			"13007029935467775460\n9366013002441041378\n"},
 		// Fewer tokens than a block: no hashes.
 		{[]string{"--model", "m", "--prompt", "too short"}, ""},
 	}
@@ -243,6 +250,22 @@ func TestHashSchemes(t *testing.T) {
 	}
 }
 
+// TestHashHelp checks that hash --help names every scheme and what prefixd
+// does for the vLLM algorithms it cannot reproduce.
+func TestHashHelp(t *testing.T) {
+	code, _, errOut := runCmd(t, "hash", "--help")
+	if code != 0 {
+		t.Fatalf("hash --help: exit %d", code)
+	}
+	want := append(strings.Split(blockhash.SchemeNames, "|"), "sha256_cbor", "xxhash_cbor", "PYTHONHASHSEED",
+		"default algorithm, sha256", "xxhash hash Python pickle", "tokens key mode")
+	for _, w := range want {
+		if !strings.Contains(errOut, w) {
+			t.Errorf("hash --help does not say %q:\n%s", w, errOut)
+		}
+	}
+}
+
 func TestHashUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{},
@@ -252,6 +275,8 @@ func TestHashUsageErrors(t *testing.T) {
 		{"--model", "m", "--tokens", "4294967296"},
 		{"--model", "m", "--tokens", ""},
 		{"--hash-scheme", "sha256", "--model", "m", "--tokens", "1"},
+		{"--hash-scheme", "xxhash_cbor", "--tokens", "1"}, // vLLM's name, not prefixd's
+		{"--hash-scheme", "xxh3", "--tokens", "1"},        // xxh3 needs a model
 		{"--model", "m", "--block-size", "0", "--tokens", "1"},
 		{"--model", "m", "--cache-salt", "s", "--tokens", "1"},
 		{"--tokens", "1"}, // llmd needs a model

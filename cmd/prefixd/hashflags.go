@@ -24,7 +24,7 @@ func (h *hashFlags) register(fs *flag.FlagSet) {
 	h.registerScheme(fs)
 	fs.StringVar(&h.model, "model", "", "served model name (default: the --chat body's \"model\")")
 	fs.StringVar(&h.lora, "lora", "", "LoRA adapter the request targets (default: the --chat body's \"lora\")")
-	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor and xxh3; the llmd chain has none;\ndefault: the --chat body's \"cache_salt\")")
+	fs.StringVar(&h.cacheSalt, "cache-salt", "", "the request's cache_salt (vllm-sha256-cbor, vllm-xxhash-cbor and xxh3; the llmd chain\nhas none; default: the --chat body's \"cache_salt\")")
 }
 
 // registerIndex adds the hash flags of commands that build an index
@@ -39,7 +39,8 @@ func (h *hashFlags) registerIndex(fs *flag.FlagSet) {
 func (h *hashFlags) registerScheme(fs *flag.FlagSet) {
 	fs.StringVar(&h.scheme, "hash-scheme", "llmd", "block hash chain: "+blockhash.SchemeNames)
 	fs.StringVar(&h.seed, "hash-seed", "", "the engine's hash seed: the sim's --hash-seed, vLLM's PYTHONHASHSEED\n"+
-		"(default \"\"; for vllm-sha256-cbor \""+blockhash.VLLMDefaultSeed+"\", vLLM's seed when PYTHONHASHSEED is unset)")
+		"(default \"\"; for vllm-sha256-cbor \""+blockhash.VLLMDefaultSeed+"\", vLLM's seed when PYTHONHASHSEED\n"+
+		"is unset; vllm-xxhash-cbor has none: unset, each vLLM process draws a random seed)")
 	fs.IntVar(&h.blockSize, "block-size", 16, "the engine's tokens per block")
 }
 
@@ -69,7 +70,7 @@ func (h *hashFlags) hasher(fs *flag.FlagSet) (*blockhash.Hasher, error) {
 
 // prompt returns the flags' model, adapter and salt as a Prompt, with
 // body's (a request body's) standing in for flags not given; call it after
-// hasher. The llmd and xxh3 chains need a model.
+// hasher. The llmd and xxh3 chains need a model; vLLM's hash none.
 func (h *hashFlags) prompt(fs *flag.FlagSet, body blockhash.Prompt) (blockhash.Prompt, error) {
 	p := body
 	for _, f := range []struct{ flag, field *string }{{&h.model, &p.Model}, {&h.lora, &p.LoRA}, {&h.cacheSalt, &p.CacheSalt}} {
@@ -77,7 +78,7 @@ func (h *hashFlags) prompt(fs *flag.FlagSet, body blockhash.Prompt) (blockhash.P
 			*f.field = *f.flag
 		}
 	}
-	if p.Model == "" && h.parsed != blockhash.VLLMSHA256CBOR {
+	if p.Model == "" && (h.parsed == blockhash.LLMD || h.parsed == blockhash.XXH3) {
 		return blockhash.Prompt{}, usageErrorf(fs, "--model is required: the %s chain starts from the served model's name", h.scheme)
 	}
 	return p, nil

@@ -22,6 +22,7 @@ func BenchmarkChain(b *testing.B) {
 		{"xxh3-512x16", XXH3, sim},
 		{"vllm-sha256-cbor-512x16", VLLMSHA256CBOR, sim},
 		{"vllm-sha256-cbor-vocab-512x16", VLLMSHA256CBOR, vocab},
+		{"vllm-xxhash-cbor-512x16", VLLMXXHashCBOR, sim},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := mustNew(b, c.scheme, "", 16)

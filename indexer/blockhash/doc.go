@@ -1,6 +1,6 @@
 // Package blockhash computes the block hash chains that key prefixd's index:
 // the llm-d chain of llm-d-inference-sim and llm-d's token processor, vLLM's
-// sha256_cbor chain, and prefixd's own xxh3 chain.
+// sha256_cbor and xxhash_cbor chains, and prefixd's own xxh3 chain.
 //
 // # Basics
 //
@@ -39,22 +39,36 @@
 //     maybe_convert_block_hash) and vllm/utils/hashing.py (sha256_cbor: cbor2
 //     with canonical=True). Checked against vectors computed with Python's
 //     hashlib and cbor2 5.4.6 (vectors_test.go says which).
+//   - VLLMXXHashCBOR: the same chain with xxh3-128 for SHA-256
+//     (vllm/utils/hashing.py xxhash_cbor: xxhash.xxh3_128_digest of the same
+//     CBOR), so digests, parents included, are 16 bytes: the hash's high
+//     64 bits big-endian, then its low 64 bits, which are the published key.
+//     NONE_HASH = xxh3-128(CBOR text(seed)). Checked against vectors
+//     computed with Python's cbor2 5.4.6 and xxhash 3.2.0, and against both
+//     libraries on every test run (pycheck_test.go).
 //   - XXH3: prefixd's own chain, for indexes keyed by prefixd's hashes
 //     (token keys). h = xxh3-64(little-endian token bytes, seed = parent);
 //     the root mixes seed, model, LoRA and cache salt.
 //
 // # Caveats
 //
-// A published vLLM key is 8 of the digest's 32 bytes, and the next block is
-// hashed from all 32: a vLLM chain cannot be continued from a published
-// parent. AppendChain, Root and Block return ErrNeedsFullDigest for it; hash
-// whole prompts from NONE_HASH (AppendPrompt) or carry the 32-byte state
-// along a chain (AppendDigests).
+// A published vLLM key is 8 of the digest's 32 (or 16) bytes, and the next
+// block is hashed from all of them: a vLLM chain cannot be continued from a
+// published parent. AppendChain, Root and Block return ErrNeedsFullDigest for
+// it; hash whole prompts from NONE_HASH (AppendPrompt) or carry the full
+// digest along a chain (AppendDigests).
 //
 // vLLM's NONE_HASH seed is PYTHONHASHSEED when set. When it is unset, vLLM
 // since PR #51875 (August 2026) uses VLLMDefaultSeed for sha256 and
-// sha256_cbor, while older versions use 32 random bytes per process: such an
-// engine's hashes cannot be reproduced, only keyed by token chains.
+// sha256_cbor but a random seed per process for xxhash and xxhash_cbor
+// (their seed must stay secret, as they are not collision resistant), and
+// older versions use 32 random bytes per process for every algorithm: such
+// an engine's hashes cannot be reproduced, only keyed by token chains. An
+// xxhash_cbor fleet is reproducible only with PYTHONHASHSEED set, to the
+// same value on every engine.
+//
+// vLLM's default algorithm, sha256, and its xxhash hash pickle's bytes,
+// which only CPython produces; this package does not reproduce them.
 //
 // The llm-d chain hashes no cache salt: llm-d's token processor and the sim
 // ignore it, so this package does too. vLLM hashes it into block 0 and

@@ -13,16 +13,20 @@ const (
 	// model (or LoRA adapter) name. llm-d-inference-sim and llm-d's token
 	// processor publish it.
 	LLMD Scheme = iota + 1
-	// VLLMSHA256CBOR is vLLM's --prefix-caching-hash-algo sha256_cbor.
+	// VLLMSHA256CBOR is vLLM's --prefix-caching-hash-algo sha256_cbor:
+	// SHA-256 over canonical CBOR, 32-byte digests.
 	VLLMSHA256CBOR
 	// XXH3 is prefixd's own chain over token ids.
 	XXH3
+	// VLLMXXHashCBOR is vLLM's --prefix-caching-hash-algo xxhash_cbor:
+	// xxh3-128 over the same canonical CBOR, 16-byte digests.
+	VLLMXXHashCBOR
 )
 
-var schemeNames = [...]string{LLMD: "llmd", VLLMSHA256CBOR: "vllm-sha256-cbor", XXH3: "xxh3"}
+var schemeNames = [...]string{LLMD: "llmd", VLLMSHA256CBOR: "vllm-sha256-cbor", XXH3: "xxh3", VLLMXXHashCBOR: "vllm-xxhash-cbor"}
 
 // SchemeNames lists the names ParseScheme accepts, separated by "|".
-const SchemeNames = "llmd|vllm-sha256-cbor|xxh3"
+const SchemeNames = "llmd|vllm-sha256-cbor|vllm-xxhash-cbor|xxh3"
 
 func (s Scheme) String() string {
 	if s > 0 && int(s) < len(schemeNames) {
@@ -31,7 +35,8 @@ func (s Scheme) String() string {
 	return fmt.Sprintf("Scheme(%d)", uint8(s))
 }
 
-// ParseScheme parses a scheme name: llmd, vllm-sha256-cbor or xxh3.
+// ParseScheme parses a scheme name: llmd, vllm-sha256-cbor,
+// vllm-xxhash-cbor or xxh3.
 func ParseScheme(name string) (Scheme, error) {
 	for s, n := range schemeNames {
 		if n != "" && n == name {
@@ -44,11 +49,15 @@ func ParseScheme(name string) (Scheme, error) {
 // VLLMDefaultSeed is the seed vLLM derives NONE_HASH from when PYTHONHASHSEED
 // is unset and the hash is sha256 or sha256_cbor (DEFAULT_NONE_HASH_SEED in
 // vllm/v1/core/kv_cache_utils.py, since PR #51875). Older vLLM used random
-// bytes instead.
+// bytes instead. It never applies to xxhash_cbor: see DefaultSeed.
 const VLLMDefaultSeed = "vllm-none-hash"
 
 // DefaultSeed returns the seed an engine of scheme hashes with when it is
-// given none: VLLMDefaultSeed for vLLM's sha256_cbor, "" otherwise.
+// given none: VLLMDefaultSeed for vLLM's sha256_cbor, "" otherwise. vLLM's
+// xxhash_cbor has no such seed: without PYTHONHASHSEED every engine process
+// draws a random one (resolve_none_hash_seed: xxhash is not collision
+// resistant, so its seed must stay secret), whose hashes cannot be
+// reproduced. "" reproduces only engines started with PYTHONHASHSEED="".
 func DefaultSeed(s Scheme) string {
 	if s == VLLMSHA256CBOR {
 		return VLLMDefaultSeed
@@ -66,8 +75,11 @@ var (
 	// ErrBlockSize: a block size out of 1..MaxBlockSize.
 	ErrBlockSize = errors.New("invalid block size")
 	// ErrNeedsFullDigest: the operation needs a 64-bit chain, and vLLM's
-	// chain continues from 32-byte digests, of which events publish 8 bytes.
-	ErrNeedsFullDigest = errors.New("vllm-sha256-cbor chains continue from 32-byte digests, not published 64-bit keys")
+	// chains continue from 32- or 16-byte digests, of which events publish
+	// 8 bytes.
+	ErrNeedsFullDigest = errors.New("vLLM chains continue from full digests (32 or 16 bytes), not published 64-bit keys")
+	// ErrDigestSize: a digest of a length the scheme does not have.
+	ErrDigestSize = errors.New("wrong digest size")
 	// ErrMultimodal: multimodal items that are out of order, overlap, or
 	// have a negative offset or a non-positive length.
 	ErrMultimodal = errors.New("invalid multimodal items")
@@ -79,8 +91,9 @@ var (
 type Config struct {
 	Scheme Scheme
 	// Seed is the engine's hash seed: llm-d-inference-sim's --hash-seed (or
-	// its PYTHONHASHSEED), vLLM's PYTHONHASHSEED (VLLMDefaultSeed when unset,
-	// see there), or any string for XXH3. "" is a seed like any other.
+	// its PYTHONHASHSEED), vLLM's PYTHONHASHSEED (for sha256_cbor
+	// VLLMDefaultSeed when unset; see DefaultSeed), or any string for XXH3.
+	// "" is a seed like any other.
 	Seed string
 	// BlockSize is the engine's tokens per block, 1..MaxBlockSize.
 	BlockSize int
@@ -125,7 +138,7 @@ type Hasher struct {
 	cfg Config
 	// init is FNV-64a(seed) for LLMD, xxh3(seed) for XXH3.
 	init uint64
-	// none is vLLM's NONE_HASH for VLLMSHA256CBOR.
+	// none is vLLM's NONE_HASH for VLLMSHA256CBOR and VLLMXXHashCBOR.
 	none Digest
 }
 
@@ -138,8 +151,8 @@ func New(cfg Config) (*Hasher, error) {
 	switch cfg.Scheme {
 	case LLMD:
 		h.init = fnvString(fnvOffset64, cfg.Seed)
-	case VLLMSHA256CBOR:
-		h.none = vllmNoneHash(cfg.Seed)
+	case VLLMSHA256CBOR, VLLMXXHashCBOR:
+		h.none = vllmNoneHash(cfg.Scheme, cfg.Seed)
 	case XXH3:
 		h.init = xxh3Init(cfg.Seed)
 	default:
@@ -170,7 +183,7 @@ func (h *Hasher) AppendPrompt(dst []uint64, tokens []uint32, p Prompt) ([]uint64
 	switch h.cfg.Scheme {
 	case LLMD:
 		return h.llmdPrompt(dst, tokens, &p), nil
-	case VLLMSHA256CBOR:
+	case VLLMSHA256CBOR, VLLMXXHashCBOR:
 		return h.vllmPrompt(dst, tokens, &p), nil
 	default:
 		return h.xxh3Prompt(dst, tokens, &p), nil
@@ -179,7 +192,7 @@ func (h *Hasher) AppendPrompt(dst []uint64, tokens []uint32, p Prompt) ([]uint64
 
 // Root returns the hash a chain's first block continues: for LLMD the
 // model's (or adapter's) root, for XXH3 the root of model, adapter and salt.
-// It is what an event's missing parent stands for. VLLMSHA256CBOR has no
+// It is what an event's missing parent stands for. vLLM's schemes have no
 // 64-bit root (ErrNeedsFullDigest): see NoneHash.
 func (h *Hasher) Root(model, lora, cacheSalt string) (uint64, error) {
 	switch h.cfg.Scheme {
@@ -195,7 +208,7 @@ func (h *Hasher) Root(model, lora, cacheSalt string) (uint64, error) {
 // AppendChain appends the keys of the full blocks of tokens chained from
 // parent, a published block hash or a Root, and returns the extended dst.
 // This re-chains a BlockStored event from its parent and token_ids. It
-// allocates nothing given capacity; VLLMSHA256CBOR returns
+// allocates nothing given capacity; vLLM's schemes return
 // ErrNeedsFullDigest.
 func (h *Hasher) AppendChain(dst []uint64, parent uint64, tokens []uint32) ([]uint64, error) {
 	bs := h.cfg.BlockSize
@@ -220,8 +233,8 @@ func (h *Hasher) AppendChain(dst []uint64, parent uint64, tokens []uint32) ([]ui
 }
 
 // Block returns the hash of one block of tokens (any length) continuing
-// parent, with the block's multimodal items (nil for none).
-// VLLMSHA256CBOR returns ErrNeedsFullDigest.
+// parent, with the block's multimodal items (nil for none). vLLM's schemes
+// return ErrNeedsFullDigest.
 func (h *Hasher) Block(parent uint64, tokens []uint32, mm []BlockMM) (uint64, error) {
 	switch h.cfg.Scheme {
 	case LLMD:

@@ -1,9 +1,18 @@
 package blockhash
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+)
+
+// allSchemes and vllmSchemes list the schemes the tests run over.
+var (
+	allSchemes  = []Scheme{LLMD, VLLMSHA256CBOR, VLLMXXHashCBOR, XXH3}
+	vllmSchemes = []Scheme{VLLMSHA256CBOR, VLLMXXHashCBOR}
 )
 
 func mustNew(t testing.TB, s Scheme, seed string, bs int) *Hasher {
@@ -16,19 +25,58 @@ func mustNew(t testing.TB, s Scheme, seed string, bs int) *Hasher {
 }
 
 func TestParseScheme(t *testing.T) {
-	for _, s := range []Scheme{LLMD, VLLMSHA256CBOR, XXH3} {
+	for _, s := range allSchemes {
 		got, err := ParseScheme(s.String())
 		if err != nil || got != s {
 			t.Errorf("ParseScheme(%q) = %v, %v", s.String(), got, err)
 		}
+		if !strings.Contains("|"+SchemeNames+"|", "|"+s.String()+"|") {
+			t.Errorf("SchemeNames %q lacks %v", SchemeNames, s)
+		}
 	}
-	for _, bad := range []string{"", "LLMD", "sha256_cbor", "vllm"} {
+	if n := strings.Count(SchemeNames, "|") + 1; n != len(allSchemes) {
+		t.Errorf("SchemeNames %q names %d schemes, want %d", SchemeNames, n, len(allSchemes))
+	}
+	for _, bad := range []string{"", "LLMD", "sha256_cbor", "xxhash_cbor", "vllm-xxhash", "vllm"} {
 		if _, err := ParseScheme(bad); !errors.Is(err, ErrUnknownScheme) {
 			t.Errorf("ParseScheme(%q): %v, want ErrUnknownScheme", bad, err)
 		}
 	}
 	if got := Scheme(9).String(); got != "Scheme(9)" {
 		t.Errorf("unknown scheme prints %q", got)
+	}
+}
+
+func TestDefaultSeed(t *testing.T) {
+	for s, want := range map[Scheme]string{LLMD: "", VLLMSHA256CBOR: VLLMDefaultSeed, VLLMXXHashCBOR: "", XXH3: ""} {
+		if got := DefaultSeed(s); got != want {
+			t.Errorf("DefaultSeed(%v) = %q, want %q", s, got, want)
+		}
+	}
+}
+
+func TestDigest(t *testing.T) {
+	for _, n := range []int{32, 16} {
+		raw := make([]byte, n)
+		for i := range raw {
+			raw[i] = byte(i + 1)
+		}
+		d, err := ParseDigest(raw)
+		if err != nil || d.Len() != n || !slices.Equal(d.Bytes(), raw) || d.String() != hex.EncodeToString(raw) {
+			t.Fatalf("ParseDigest(%d bytes) = %v (%d bytes), %v", n, d, d.Len(), err)
+		}
+		// The published key is the last 8 bytes, big-endian.
+		if want := binary.BigEndian.Uint64(raw[n-8:]); d.Key() != want {
+			t.Errorf("%d bytes: Key %#x, want %#x", n, d.Key(), want)
+		}
+	}
+	for _, n := range []int{0, 8, 20, 33} {
+		if _, err := ParseDigest(make([]byte, n)); !errors.Is(err, ErrDigestSize) {
+			t.Errorf("ParseDigest(%d bytes): %v, want ErrDigestSize", n, err)
+		}
+	}
+	if d := (Digest{}); d.Len() != 0 || d.Key() != 0 || d.String() != "" {
+		t.Errorf("zero Digest: %d bytes, key %d, %q", d.Len(), d.Key(), d)
 	}
 }
 
@@ -51,10 +99,13 @@ func TestNewValidates(t *testing.T) {
 	if h.BlockSize() != 32 || h.Config().Seed != "7" || h.String() != `vllm-sha256-cbor seed="7" block=32` {
 		t.Errorf("accessors: %d %+v %s", h.BlockSize(), h.Config(), h)
 	}
+	if h := mustNew(t, VLLMXXHashCBOR, "7", 16); h.String() != `vllm-xxhash-cbor seed="7" block=16` || h.NoneHash().Len() != 16 {
+		t.Errorf("accessors: %s, NONE_HASH %v", h, h.NoneHash())
+	}
 }
 
 func TestPartialBlocksAreNotHashed(t *testing.T) {
-	for _, s := range []Scheme{LLMD, VLLMSHA256CBOR, XXH3} {
+	for _, s := range allSchemes {
 		h := mustNew(t, s, "", 16)
 		for n, want := range map[int]int{0: 0, 15: 0, 16: 1, 31: 1, 32: 2, 47: 2} {
 			keys, err := h.AppendPrompt(nil, seq(1, n), Prompt{Model: "m"})
@@ -139,32 +190,46 @@ func TestBadMultimodalItems(t *testing.T) {
 		{{ID: "a", Offset: 5, Length: 4}, {ID: "b", Offset: 8, Length: 1}},
 		{{ID: "a", Offset: 9, Length: 1}, {ID: "b", Offset: 2, Length: 1}},
 	} {
-		for _, s := range []Scheme{LLMD, VLLMSHA256CBOR, XXH3} {
+		for _, s := range allSchemes {
 			h := mustNew(t, s, "", 16)
 			if _, err := h.AppendPrompt(nil, seq(0, 32), Prompt{MM: mm}); !errors.Is(err, ErrMultimodal) {
 				t.Errorf("%v %+v: %v, want ErrMultimodal", s, mm, err)
 			}
 		}
 	}
-	h := mustNew(t, VLLMSHA256CBOR, "", 16)
-	if _, err := h.AppendDigests(nil, h.NoneHash(), seq(0, 32), Prompt{MM: []MMItem{{Length: -1}}}, 0); !errors.Is(err, ErrMultimodal) {
-		t.Errorf("AppendDigests with bad items: %v", err)
+	for _, s := range vllmSchemes {
+		h := mustNew(t, s, "", 16)
+		if _, err := h.AppendDigests(nil, h.NoneHash(), seq(0, 32), Prompt{MM: []MMItem{{Length: -1}}}, 0); !errors.Is(err, ErrMultimodal) {
+			t.Errorf("%v AppendDigests with bad items: %v", s, err)
+		}
 	}
 }
 
 func TestVLLMNeedsFullDigests(t *testing.T) {
-	h := mustNew(t, VLLMSHA256CBOR, "", 16)
-	if _, err := h.Root("m", "", ""); !errors.Is(err, ErrNeedsFullDigest) {
-		t.Errorf("Root: %v", err)
+	for _, s := range vllmSchemes {
+		h := mustNew(t, s, "", 16)
+		if _, err := h.Root("m", "", ""); !errors.Is(err, ErrNeedsFullDigest) {
+			t.Errorf("%v Root: %v", s, err)
+		}
+		if _, err := h.AppendChain(nil, 1, seq(0, 16)); !errors.Is(err, ErrNeedsFullDigest) {
+			t.Errorf("%v AppendChain: %v", s, err)
+		}
+		if _, err := h.Block(1, seq(0, 16), nil); !errors.Is(err, ErrNeedsFullDigest) {
+			t.Errorf("%v Block: %v", s, err)
+		}
+		if _, err := h.AppendDigests(nil, h.NoneHash(), seq(0, 32), Prompt{}, 8); err == nil {
+			t.Errorf("%v AppendDigests from a position inside a block: no error", s)
+		}
 	}
-	if _, err := h.AppendChain(nil, 1, seq(0, 16)); !errors.Is(err, ErrNeedsFullDigest) {
-		t.Errorf("AppendChain: %v", err)
-	}
-	if _, err := h.Block(1, seq(0, 16), nil); !errors.Is(err, ErrNeedsFullDigest) {
-		t.Errorf("Block: %v", err)
-	}
-	if _, err := h.AppendDigests(nil, h.NoneHash(), seq(0, 32), Prompt{}, 8); err == nil {
-		t.Error("AppendDigests from a position inside a block: no error")
+	// Each vLLM scheme continues only its own digests.
+	sha, xx := mustNew(t, VLLMSHA256CBOR, "", 16), mustNew(t, VLLMXXHashCBOR, "", 16)
+	for _, c := range []struct {
+		h      *Hasher
+		parent Digest
+	}{{sha, xx.NoneHash()}, {xx, sha.NoneHash()}, {sha, Digest{}}, {xx, Digest{}}} {
+		if _, err := c.h.AppendDigests(nil, c.parent, seq(0, 16), Prompt{}, 0); !errors.Is(err, ErrDigestSize) {
+			t.Errorf("%v from a %d-byte parent: %v, want ErrDigestSize", c.h.Config().Scheme, c.parent.Len(), err)
+		}
 	}
 	for _, s := range []Scheme{LLMD, XXH3} {
 		o := mustNew(t, s, "", 16)
@@ -189,6 +254,7 @@ func TestInputsChangeKeys(t *testing.T) {
 	hashes := map[Scheme]map[string]bool{ // whether the input changes keys
 		LLMD:           {"model": true, "lora": true, "salt": false, "seed": true},
 		VLLMSHA256CBOR: {"model": false, "lora": true, "salt": true, "seed": true},
+		VLLMXXHashCBOR: {"model": false, "lora": true, "salt": true, "seed": true},
 		XXH3:           {"model": true, "lora": true, "salt": true, "seed": true},
 	}
 	for s, want := range hashes {
@@ -214,12 +280,16 @@ func TestNoAllocations(t *testing.T) {
 	tokens := randTokensSeeded(1024)
 	dst := make([]uint64, 0, 64)
 	p := Prompt{Model: "sim-model", LoRA: "l", CacheSalt: "c", MM: []MMItem{{ID: "x", Offset: 20, Length: 100}}}
-	for _, s := range []Scheme{LLMD, VLLMSHA256CBOR, XXH3} {
+	digests := make([]Digest, 0, 64)
+	for _, s := range allSchemes {
 		h := mustNew(t, s, "", 16)
 		if n := testing.AllocsPerRun(50, func() { dst, _ = h.AppendPrompt(dst[:0], tokens, p) }); n != 0 {
 			t.Errorf("%v: AppendPrompt allocates %v times", s, n)
 		}
-		if s == VLLMSHA256CBOR {
+		if digestSize(s) != 0 {
+			if n := testing.AllocsPerRun(50, func() { digests, _ = h.AppendDigests(digests[:0], h.NoneHash(), tokens, p, 0) }); n != 0 {
+				t.Errorf("%v: AppendDigests allocates %v times", s, n)
+			}
 			continue
 		}
 		if n := testing.AllocsPerRun(50, func() { dst, _ = h.AppendChain(dst[:0], 7, tokens) }); n != 0 {

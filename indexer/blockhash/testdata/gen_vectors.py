@@ -1,21 +1,27 @@
 #!/usr/bin/python3
 """Prints the vectors pinned in vectors_test.go.
 
-Run with Debian's python3 and python3-cbor2 (5.4.6): /usr/bin/python3
-testdata/gen_vectors.py. The vLLM part restates vllm/v1/core/kv_cache_utils.py
-(hash_block_tokens, generate_block_hash_extra_keys, init_none_hash) and
-vllm/utils/hashing.py (sha256_cbor); the llm-d part restates llm-d-kv-cache
+Run with Debian's python3, python3-cbor2 (5.4.6) and python3-xxhash (3.2.0,
+libxxhash 0.8.1): /usr/bin/python3 testdata/gen_vectors.py. The vLLM part
+restates vllm/v1/core/kv_cache_utils.py (hash_block_tokens,
+generate_block_hash_extra_keys, init_none_hash) and vllm/utils/hashing.py
+(sha256_cbor, xxhash_cbor); the llm-d part restates llm-d-kv-cache
 pkg/kvcache/kvblock/token_processor.go (hash, getInitHash, prefixHashes).
 """
 import hashlib
 
 import cbor2
+import xxhash
 
 MASK = (1 << 64) - 1
 
 
 def sha256_cbor(obj):
     return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def xxhash_cbor(obj):
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
 
 
 def key(digest):  # maybe_convert_block_hash
@@ -32,12 +38,12 @@ def vllm_extra_keys(lora, mm, salt, start, end):
     return tuple(keys) if keys else None
 
 
-def vllm_chain(seed, tokens, bs, lora="", mm=(), salt=""):
-    parent = sha256_cbor(seed)  # init_none_hash
+def vllm_chain(hash_fn, seed, tokens, bs, lora="", mm=(), salt=""):
+    parent = hash_fn(seed)  # init_none_hash
     out = []
     for start in range(0, len(tokens) - bs + 1, bs):
         extra = vllm_extra_keys(lora, mm, salt, start, start + bs)
-        parent = sha256_cbor((parent, tuple(tokens[start:start + bs]), extra))
+        parent = hash_fn((parent, tuple(tokens[start:start + bs]), extra))
         out.append(parent)
     return out
 
@@ -63,9 +69,9 @@ def llmd_chain(seed, name, tokens, bs, mm=()):
     return root, out
 
 
-print("# vLLM NONE_HASH")
+print("# vLLM NONE_HASH: sha256_cbor, xxhash_cbor")
 for seed in ["", "0", "42", "vllm-none-hash"]:
-    print(repr(seed), sha256_cbor(seed).hex())
+    print(repr(seed), sha256_cbor(seed).hex(), xxhash_cbor(seed).hex())
 
 mixed = list(range(16)) + [200, 256, 257, 65535, 65536, 100000] + list(range(1, 11)) + [
     1234567, 999999, 50000, 60000, 70000, 80000, 90000] + list(range(12, 21))
@@ -78,10 +84,11 @@ cases = [
     ("all extras", "42", [0xFFFFFFFF - i for i in range(50)], 16, "adapter-1",
      (("img-a", 3, 20), ("img-b", 40, 2)), "tenant-7"),
 ]
-print("# vLLM chains")
-for name, seed, tokens, bs, lora, mm, salt in cases:
-    ds = vllm_chain(seed, tokens, bs, lora, mm, salt)
-    print(name, [d.hex() for d in ds], [key(d) for d in ds])
+for hash_fn in [sha256_cbor, xxhash_cbor]:
+    print("# vLLM chains:", hash_fn.__name__)
+    for name, seed, tokens, bs, lora, mm, salt in cases:
+        ds = vllm_chain(hash_fn, seed, tokens, bs, lora, mm, salt)
+        print(name, [d.hex() for d in ds], [key(d) for d in ds])
 
 print("# llm-d chains")
 sim_tokens = [638357778, 638357778, 399020470, 1226705564, 2382766391, 902835988, 3692005271, 2938279028,
