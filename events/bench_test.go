@@ -12,12 +12,19 @@ import (
 )
 
 // BenchmarkDecode decodes a batch of 16 BlockStored events of 8 blocks
-// (128 tokens) each into a reused Batch, in both encodings.
+// (128 tokens) each into a reused Batch, in both encodings, and in the map
+// encoding of a hybrid model whose events also carry group_idx,
+// kv_cache_spec_kind, the sliding window, locality and ownership.
 func BenchmarkDecode(b *testing.B) {
-	for _, form := range []string{"array", "map"} {
+	for _, form := range []string{"array", "map", "map-hybrid"} {
 		b.Run(form, func(b *testing.B) {
 			const events = 16
-			p := benchBatch(b, events, 8, form == "map")
+			var p []byte
+			if form == "map-hybrid" {
+				p = hybridBatch(b, events, 8)
+			} else {
+				p = benchBatch(b, events, 8, form == "map")
+			}
 			seq := seqFrame(1)
 			var batch Batch
 			b.ReportAllocs()

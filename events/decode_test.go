@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -61,7 +63,7 @@ func TestDecodeEncodings(t *testing.T) {
 		{
 			name:    "array batch with a fourth field",
 			payload: []any{3.0, []any{}, 1, "later"},
-			want:    Batch{TS: 3, DPRank: 1, HasDPRank: true, UnknownFields: 1},
+			want:    Batch{TS: 3, DPRank: 1, HasDPRank: true, UnknownFields: 1, UnknownFieldNames: names("batch[3]", 1)},
 		},
 		{
 			name: "map batch of map events",
@@ -80,7 +82,7 @@ func TestDecodeEncodings(t *testing.T) {
 			name: "map batch without dp rank, keys in another order, unknown key",
 			payload: omap{{"events", []any{[]any{"AllBlocksCleared"}}}, {"ts", compact(5)},
 				{"producer", omap{{"x", []any{1, 2}}}}},
-			want: Batch{TS: 5, UnknownFields: 1, Events: []Event{{Kind: KindAllBlocksCleared}}},
+			want: Batch{TS: 5, UnknownFields: 1, UnknownFieldNames: names("producer", 1), Events: []Event{{Kind: KindAllBlocksCleared}}},
 		},
 		{
 			name: "array and map events mixed in one batch",
@@ -103,23 +105,29 @@ func TestDecodeEncodings(t *testing.T) {
 				omap{{"type", "Checkpoint"}, {"block_hashes", []uint64{h2}}},
 				omap{{"block_hashes", []uint64{h2}}},
 			}},
-			want: Batch{TS: 1, Skipped: 3, Events: []Event{{Kind: KindAllBlocksCleared}}},
+			want: Batch{TS: 1, Skipped: 3, SkippedTypes: names("BlockMoved", 1, "Checkpoint", 1, NoTypeName, 1),
+				Events: []Event{{Kind: KindAllBlocksCleared}}},
 		},
 		{
 			name: "unknown fields: newer map keys, extra positional fields, non-string key",
 			payload: []any{1.0, []any{
 				omap{{"event_version", 2}, {"type", "BlockRemoved"}, {"block_hashes", []uint64{h1}},
-					{"locality", "local"}, {"remaining_copy_counts", []any{1, 2}}},
-				[]any{"BlockRemoved", []uint64{h2}, nil, nil, "ownership", true},
+					{"tier_hint", "warm"}, {"event_version", 3}},
+				[]any{"BlockRemoved", []uint64{h2}, nil, nil, nil, nil, nil, "later", true},
+				[]any{"BlockRemoved", []uint64{h2}, nil, nil, nil, nil, nil, "later"},
 				[]any{"AllBlocksCleared", 1},
 				raw{0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0x07, 0x08},
 			}},
-			want: Batch{TS: 1, UnknownFields: 3 + 2 + 1 + 1, Events: []Event{
-				{Kind: KindBlockRemoved, BlockHashes: []uint64{h1}},
-				{Kind: KindBlockRemoved, BlockHashes: []uint64{h2}},
-				{Kind: KindAllBlocksCleared},
-				{Kind: KindAllBlocksCleared},
-			}},
+			want: Batch{TS: 1, UnknownFields: 3 + 2 + 1 + 1 + 1, UnknownFieldNames: names(
+				"event_version", 2, "tier_hint", 1, "BlockRemoved[7]", 2, "BlockRemoved[8]", 1,
+				"AllBlocksCleared[1]", 1, NonStringKeyName, 1),
+				Events: []Event{
+					{Kind: KindBlockRemoved, BlockHashes: []uint64{h1}},
+					{Kind: KindBlockRemoved, BlockHashes: []uint64{h2}},
+					{Kind: KindBlockRemoved, BlockHashes: []uint64{h2}},
+					{Kind: KindAllBlocksCleared},
+					{Kind: KindAllBlocksCleared},
+				}},
 		},
 		{
 			name: "map event with type last",
@@ -144,18 +152,20 @@ func TestDecodeEncodings(t *testing.T) {
 			name: "binary parent, compact tokens, every optional field set",
 			payload: []any{1.0, []any{
 				[]any{"BlockStored", []any{bin32(h1)}, bin32(h2), []any{compact(1), compact(300), width{7, 4}, signed{9, 2}},
-					compact(4), 3, "cpu_pinned", "lora-a", raw(extra), 1, "full_attention", nil, "future"},
+					compact(4), 3, "cpu_pinned", "lora-a", raw(extra), 1, "full_attention", nil, "REMOTE", "lmcache", []byte("s-1"), "future"},
 				omap{{"type", "BlockStored"}, {"block_hashes", []uint64{h3}}, {"parent_block_hash", compact(0)},
 					{"token_ids", nil}, {"block_size", 0}, {"lora_id", signed{-1, 1}}, {"lora_name", []byte("bin-name")},
 					{"medium", "NVME"}, {"extra_keys", nil}, {"group_idx", 0}, {"kv_cache_spec_kind", "sliding_window"},
 					{"kv_cache_spec_sliding_window", 128}},
 			}},
-			want: Batch{TS: 1, UnknownFields: 1, Events: []Event{
+			want: Batch{TS: 1, UnknownFields: 1, UnknownFieldNames: names("BlockStored[15]", 1), Events: []Event{
 				{Kind: KindBlockStored, BlockHashes: []uint64{h1}, ParentHash: h2, HasParent: true,
 					TokenIDs: []uint32{1, 300, 7, 9}, BlockSize: 4, LoRAID: 3, HasLoRAID: true,
-					Medium: MediumCPUPinned, LoRAName: []byte("lora-a"), ExtraKeys: extra, GroupIdx: 1, HasGroupIdx: true},
+					Medium: MediumCPUPinned, LoRAName: []byte("lora-a"), ExtraKeys: extra, GroupIdx: 1, HasGroupIdx: true,
+					SpecKind: SpecFullAttention, Locality: LocalityRemote, Ownership: []byte("lmcache"), SessionID: []byte("s-1")},
 				{Kind: KindBlockStored, BlockHashes: []uint64{h3}, LoRAID: -1, HasLoRAID: true,
-					LoRAName: []byte("bin-name"), Medium: MediumOther, HasGroupIdx: true},
+					LoRAName: []byte("bin-name"), Medium: MediumOther, HasGroupIdx: true,
+					SpecKind: SpecSlidingWindow, SlidingWindow: 128},
 			}},
 		},
 		{
@@ -301,10 +311,16 @@ func TestDecodeTruncated(t *testing.T) {
 			[]any{"BlockRemoved", []any{bin32(h1)}, "CPU", 1},
 			[]any{"AllBlocksCleared"},
 			[]any{"Unknown", omap{{"x", []any{1.5, f32(2)}}}},
+			[]any{"BlockStored", []uint64{h3}, nil, nil, 0, nil, "CPU", nil, nil, 1, "sliding_window", 512, "LOCAL", "tier", "sess", "extra"},
+			[]any{"BlockRemoved", []uint64{h3}, "DISK", 1, "REMOTE", "tier", []any{1, compact(300)}, nil},
 		}, 0}),
 		"map": pack(t, omap{{"ts", 1.0}, {"events", []any{
 			storedMap([]uint64{h1}, nil, tokens(16), 16),
 			omap{{"type", "BlockStored"}, {"block_hashes", []uint64{h2}}, {"lora_name", "a"}, {"extra_keys", []any{"s", nil}}, {"lora_id", 2}},
+			omap{{"type", "BlockStored"}, {"block_hashes", []uint64{h2}}, {"group_idx", 1}, {"kv_cache_spec_kind", "mamba"},
+				{"kv_cache_spec_sliding_window", 0}, {"locality", "LOCAL"}, {"ownership", "o"}, {"session_id", "s"}},
+			omap{{"type", "BlockRemoved"}, {"block_hashes", []uint64{h2}}, {"remaining_copy_counts", []any{0}}, {"novel", 1}},
+			omap{{"type", "BlockInactive"}},
 		}}, {"data_parallel_rank", 0}}),
 	}
 	for name, p := range payloads {
@@ -398,7 +414,15 @@ func TestDecodeAllocs(t *testing.T) {
 		[]any{"Unknown", []any{1, 2}},
 		[]any{"BlockRemoved", []uint64{h1}, nil, 1, "new"},
 	}}, {"future", []any{1}}})
-	for i, p := range [][]byte{benchBatch(t, 16, 8, false), benchBatch(t, 16, 8, true), oddities} {
+	// More distinct unknown names than a batch keeps, long ones among them.
+	var unknowns []any
+	for i := range 12 {
+		name := strings.Repeat(strconv.Itoa(i), 70)
+		unknowns = append(unknowns, []any{name, 1}, omap{{"type", "AllBlocksCleared"}, {name, 1}},
+			[]any{"BlockRemoved", nil, nil, nil, nil, nil, nil, i})
+	}
+	many := pack(t, []any{1.0, unknowns, 0, "x"})
+	for i, p := range [][]byte{benchBatch(t, 16, 8, false), benchBatch(t, 16, 8, true), oddities, many, hybridBatch(t, 16, 8)} {
 		var b Batch
 		seq := seqFrame(1)
 		if err := Decode(testTopic, seq, p, &b); err != nil {
@@ -452,6 +476,8 @@ func TestParseMedium(t *testing.T) {
 	for name, want := range map[string]Medium{
 		"": MediumGPU, "GPU": MediumGPU, "gpu": MediumGPU, "CPU": MediumCPU, "CPU_PINNED": MediumCPUPinned,
 		"cpu_pinned": MediumCPUPinned, "DISK": MediumDisk, "NVME": MediumOther,
+		"STORAGE": MediumStorage, "Storage": MediumStorage, "FS": MediumFS, "fs": MediumFS,
+		"OBJ": MediumOBJ, "obj": MediumOBJ, "FSX": MediumOther, "OTHER": MediumOther, "S3": MediumOther,
 	} {
 		if got := ParseMedium([]byte(name)); got != want {
 			t.Errorf("ParseMedium(%q) = %v, want %v", name, got, want)

@@ -26,8 +26,10 @@ var (
 	// id above 2^32-1, a negative block size).
 	ErrRange = errors.New("integer out of range")
 	// ErrTooLarge: a length prefix claims more elements or bytes than the
-	// payload has left. It is rejected before anything is allocated.
-	ErrTooLarge = errors.New("length exceeds payload")
+	// payload has left, or a string an Event keeps (ownership, session_id)
+	// is longer than MaxNameBytes. It is rejected before anything is
+	// allocated.
+	ErrTooLarge = errors.New("length exceeds payload or limit")
 	// ErrMissing: a required field is absent (a map batch without events).
 	ErrMissing = errors.New("required field missing")
 	// ErrTrailing: bytes are left over after the batch.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -162,6 +163,36 @@ func benchBatch(tb testing.TB, n, hashes int, asMap bool) []byte {
 	return pack(tb, []any{1795981110.1207962, evs, 0})
 }
 
+// hybridBatch is a map batch of n BlockStored events of hashes blocks of 16
+// tokens each, as vLLM >= 0.24 sends them for a hybrid model: the events
+// alternate between a full-attention group and a sliding-window group,
+// and each carries group_idx, kv_cache_spec_kind, the sliding window (nil
+// for full attention), locality and ownership.
+func hybridBatch(tb testing.TB, n, hashes int) []byte {
+	tb.Helper()
+	evs := make([]any, n)
+	h := uint64(0x9e3779b97f4a7c15)
+	for i := range evs {
+		hs := make([]uint64, hashes)
+		for j := range hs {
+			h = h*6364136223846793005 + 1442695040888963407
+			hs[j] = h
+		}
+		toks := make([]uint32, hashes*16)
+		for j := range toks {
+			toks[j] = uint32(h>>32) + uint32(j)*2654435761
+		}
+		ev := storedMap(hs, h, toks, 16)
+		kind, window := "full_attention", any(nil)
+		if i%2 == 1 {
+			kind, window = "sliding_window", 4096
+		}
+		evs[i] = append(ev, kv{"group_idx", i % 2}, kv{"kv_cache_spec_kind", kind},
+			kv{"kv_cache_spec_sliding_window", window}, kv{"locality", "LOCAL"}, kv{"ownership", "lmcache-cpu"})
+	}
+	return pack(tb, omap{{"ts", 1795981110.1207962}, {"events", evs}, {"data_parallel_rank", 0}})
+}
+
 // diffBatch reports where two batches differ, or "" when they are equal.
 // Empty and nil slices are equal.
 func diffBatch(a, b *Batch) string {
@@ -178,6 +209,10 @@ func diffBatch(a, b *Batch) string {
 		return "skipped"
 	case a.UnknownFields != b.UnknownFields:
 		return "unknown fields"
+	case !equalNames(a.SkippedTypes, b.SkippedTypes):
+		return fmt.Sprintf("skipped types %s vs %s", fmtNames(a.SkippedTypes), fmtNames(b.SkippedTypes))
+	case !equalNames(a.UnknownFieldNames, b.UnknownFieldNames):
+		return fmt.Sprintf("unknown field names %s vs %s", fmtNames(a.UnknownFieldNames), fmtNames(b.UnknownFieldNames))
 	case len(a.Events) != len(b.Events):
 		return "event count"
 	}
@@ -187,9 +222,42 @@ func diffBatch(a, b *Batch) string {
 			x.BlockSize != y.BlockSize || x.Medium != y.Medium || x.LoRAID != y.LoRAID ||
 			x.HasLoRAID != y.HasLoRAID || x.GroupIdx != y.GroupIdx || x.HasGroupIdx != y.HasGroupIdx ||
 			!bytes.Equal(x.LoRAName, y.LoRAName) || !bytes.Equal(x.ExtraKeys, y.ExtraKeys) ||
-			!slices.Equal(x.BlockHashes, y.BlockHashes) || !slices.Equal(x.TokenIDs, y.TokenIDs) {
+			!slices.Equal(x.BlockHashes, y.BlockHashes) || !slices.Equal(x.TokenIDs, y.TokenIDs) ||
+			x.SpecKind != y.SpecKind || x.SlidingWindow != y.SlidingWindow || x.Locality != y.Locality ||
+			!bytes.Equal(x.Ownership, y.Ownership) || !bytes.Equal(x.SessionID, y.SessionID) ||
+			!slices.Equal(x.RemainingCopies, y.RemainingCopies) {
 			return fmt.Sprintf("event %d: %+v vs %+v", i, *x, *y)
 		}
 	}
 	return ""
+}
+
+// equalNames reports whether two name lists are equal; empty and nil are.
+func equalNames(a, b []NameCount) bool {
+	return slices.EqualFunc(a, b, func(x, y NameCount) bool {
+		return x.Count == y.Count && bytes.Equal(x.Name, y.Name)
+	})
+}
+
+// fmtNames formats a name list as name:count pairs.
+func fmtNames(l []NameCount) string {
+	var sb strings.Builder
+	sb.WriteByte('[')
+	for i, n := range l {
+		if i > 0 {
+			sb.WriteByte(' ')
+		}
+		fmt.Fprintf(&sb, "%q:%d", n.Name, n.Count)
+	}
+	sb.WriteByte(']')
+	return sb.String()
+}
+
+// names builds a name list from name, count pairs.
+func names(pairs ...any) []NameCount {
+	var l []NameCount
+	for i := 0; i < len(pairs); i += 2 {
+		l = append(l, NameCount{Name: []byte(pairs[i].(string)), Count: pairs[i+1].(int)})
+	}
+	return l
 }

@@ -323,9 +323,27 @@ func (d *decoder) readMapLen(field string, idx int) (int, error) {
 	return 0, d.wrongType(field, idx, wantMap)
 }
 
+// fixstr reads a fixstr (up to 31 bytes) that lies whole in the payload
+// and reports whether there was one; the bytes alias the payload.
+func (d *decoder) fixstr() ([]byte, bool) {
+	if d.off < len(d.p) {
+		if c := d.p[d.off]; c >= 0xa0 && c <= 0xbf {
+			if end := d.off + 1 + int(c&0x1f); end <= len(d.p) {
+				s := d.p[d.off+1 : end]
+				d.off = end
+				return s, true
+			}
+		}
+	}
+	return nil, false
+}
+
 // readBytes reads a str (and, when bin is true, a bin) and returns its
 // bytes, which alias the payload.
 func (d *decoder) readBytes(field string, idx int, bin bool) ([]byte, error) {
+	if s, ok := d.fixstr(); ok { // names and tags are fixstrs
+		return s, nil
+	}
 	want := wantStr
 	if bin {
 		want = "string or binary"

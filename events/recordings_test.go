@@ -135,8 +135,9 @@ func decodeFile(tb testing.TB, path string) ([]decoded, recording.Stats) {
 		if err := DecodeFrames(m.Frames, &b); err != nil {
 			tb.Fatalf("%s record %d: %v", path, m.Index, err)
 		}
-		if b.Skipped != 0 || b.UnknownFields != 0 {
-			tb.Errorf("%s record %d: skipped %d events and %d fields", path, m.Index, b.Skipped, b.UnknownFields)
+		if b.Skipped != 0 || b.UnknownFields != 0 || len(b.SkippedTypes) != 0 || len(b.UnknownFieldNames) != 0 {
+			tb.Errorf("%s record %d: skipped %d events %s and %d fields %s", path, m.Index,
+				b.Skipped, fmtNames(b.SkippedTypes), b.UnknownFields, fmtNames(b.UnknownFieldNames))
 		}
 		out = append(out, decoded{m, cloneBatch(&b)})
 	}
@@ -152,7 +153,20 @@ func cloneBatch(b *Batch) Batch {
 		e.TokenIDs = slices.Clone(e.TokenIDs)
 		e.LoRAName = bytes.Clone(e.LoRAName)
 		e.ExtraKeys = bytes.Clone(e.ExtraKeys)
+		e.Ownership = bytes.Clone(e.Ownership)
+		e.SessionID = bytes.Clone(e.SessionID)
+		e.RemainingCopies = slices.Clone(e.RemainingCopies)
 		c.Events[i] = e
+	}
+	c.SkippedTypes = cloneNames(b.SkippedTypes)
+	c.UnknownFieldNames = cloneNames(b.UnknownFieldNames)
+	return c
+}
+
+func cloneNames(l []NameCount) []NameCount {
+	c := slices.Clone(l)
+	for i := range c {
+		c[i].Name = bytes.Clone(c[i].Name)
 	}
 	return c
 }
@@ -274,7 +288,9 @@ func checkSimBatch(t *testing.T, file string, d decoded, replay bool) {
 				t.Errorf("%s record %d event %d: BlockRemoved of %d hashes", file, d.msg.Index, i, len(e.BlockHashes))
 			}
 		}
-		if e.Medium != MediumGPU || e.HasLoRAID || len(e.LoRAName) != 0 || len(e.ExtraKeys) != 0 || e.HasGroupIdx {
+		if e.Medium != MediumGPU || e.HasLoRAID || len(e.LoRAName) != 0 || len(e.ExtraKeys) != 0 || e.HasGroupIdx ||
+			e.SpecKind != SpecNone || e.SlidingWindow != 0 || e.Locality != LocalityNone ||
+			len(e.Ownership) != 0 || len(e.SessionID) != 0 || len(e.RemainingCopies) != 0 {
 			t.Errorf("%s record %d event %d: unexpected optional fields %+v", file, d.msg.Index, i, e)
 		}
 	}

@@ -185,8 +185,17 @@ func (in *inspector) printLine(path string, m *recording.Message) {
 	if m.Replay {
 		kind = "replay"
 	}
-	in.line = fmt.Appendf(in.line[:0], "%s:%d %s %s seq=%d rank=%s BlockStored=%d BlockRemoved=%d AllBlocksCleared=%d skipped=%d unknown_fields=%d\n",
+	l := fmt.Appendf(in.line[:0], "%s:%d %s %s seq=%d rank=%s BlockStored=%d BlockRemoved=%d AllBlocksCleared=%d skipped=%d unknown_fields=%d",
 		path, m.Index, kind, topic, b.Seq, rank, stored, removed, cleared, b.Skipped, b.UnknownFields)
+	if len(b.SkippedTypes) > 0 {
+		l = append(l, " skipped_types="...)
+		l = appendNameCounts(l, b.SkippedTypes)
+	}
+	if len(b.UnknownFieldNames) > 0 {
+		l = append(l, " unknown_field_names="...)
+		l = appendNameCounts(l, b.UnknownFieldNames)
+	}
+	in.line = append(l, '\n')
 	in.emit(in.line)
 }
 
@@ -223,6 +232,14 @@ func (in *inspector) printJSON(path string, m *recording.Message) {
 	l = strconv.AppendInt(l, int64(b.Skipped), 10)
 	l = append(l, `,"unknown_fields":`...)
 	l = strconv.AppendInt(l, int64(b.UnknownFields), 10)
+	if len(b.SkippedTypes) > 0 {
+		l = append(l, `,"skipped_types":`...)
+		l = appendNameCounts(l, b.SkippedTypes)
+	}
+	if len(b.UnknownFieldNames) > 0 {
+		l = append(l, `,"unknown_field_names":`...)
+		l = appendNameCounts(l, b.UnknownFieldNames)
+	}
 	l = append(l, `,"events":[`...)
 	for i := range b.Events {
 		if i > 0 {
@@ -278,9 +295,57 @@ func appendEventJSON(l []byte, e *events.Event) []byte {
 			l = append(l, "null"...)
 		}
 	}
+	// The fields of current vLLM, written only when an event has them, so
+	// that the lines of older publishers' events stay as they were.
 	if e.HasGroupIdx {
 		l = append(l, `,"group_idx":`...)
 		l = strconv.AppendInt(l, e.GroupIdx, 10)
+	}
+	if e.SpecKind != events.SpecNone {
+		l = append(l, `,"kv_cache_spec_kind":`...)
+		l = appendJSONString(l, e.SpecKind.String())
+	}
+	if e.SlidingWindow != 0 {
+		l = append(l, `,"kv_cache_spec_sliding_window":`...)
+		l = strconv.AppendInt(l, e.SlidingWindow, 10)
+	}
+	if e.Locality != events.LocalityNone {
+		l = append(l, `,"locality":`...)
+		l = appendJSONString(l, e.Locality.String())
+	}
+	if len(e.Ownership) > 0 {
+		l = append(l, `,"ownership":`...)
+		l = appendJSONString(l, string(e.Ownership))
+	}
+	if len(e.SessionID) > 0 {
+		l = append(l, `,"session_id":`...)
+		l = appendJSONString(l, string(e.SessionID))
+	}
+	if len(e.RemainingCopies) > 0 {
+		l = append(l, `,"remaining_copy_counts":[`...)
+		for i, c := range e.RemainingCopies {
+			if i > 0 {
+				l = append(l, ',')
+			}
+			l = strconv.AppendUint(l, c, 10)
+		}
+		l = append(l, ']')
+	}
+	return append(l, '}')
+}
+
+// appendNameCounts writes the names of unknown event types or fields as a
+// JSON object of name: count. The names are a publisher's bytes; invalid
+// UTF-8 in them is written as U+FFFD.
+func appendNameCounts(l []byte, names []events.NameCount) []byte {
+	l = append(l, '{')
+	for i, n := range names {
+		if i > 0 {
+			l = append(l, ',')
+		}
+		l = appendJSONString(l, string(n.Name))
+		l = append(l, ':')
+		l = strconv.AppendInt(l, int64(n.Count), 10)
 	}
 	return append(l, '}')
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/prefixd/prefixd/events/recording"
 	"github.com/prefixd/prefixd/internal/fixture"
 	"github.com/prefixd/prefixd/rpc/querybody"
@@ -273,5 +275,106 @@ func TestInspectUsage(t *testing.T) {
 	code, _, errOut := runInspectTest(t)
 	if code != 2 || !strings.Contains(errOut, "Usage: prefixd inspect") {
 		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestInspectNewFields checks that inspect shows the fields of current
+// vLLM (groups, spec kinds, sliding windows, locality, ownership, session
+// ids, remaining copy counts) in both encodings, and the names of unknown
+// event types and fields, while an event without them prints as before.
+func TestInspectNewFields(t *testing.T) {
+	topic := []byte("kv@10.0.0.1:8000@m")
+	seq := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	pack := func(v any) []byte {
+		t.Helper()
+		p, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	payloads := [][]byte{
+		// The array encoding, every position filled, one element beyond.
+		pack([]any{1.5, []any{
+			[]any{"BlockStored", []uint64{7, 8}, uint64(6), []uint32{1, 2, 3, 4}, 2, nil, "GPU", nil, nil,
+				1, "sliding_window", 4096, "LOCAL", "lmcache", "session-1"},
+			[]any{"BlockRemoved", []uint64{7}, "STORAGE", 1, "REMOTE", "lmcache", []uint64{0, 2}, "later"},
+			[]any{"BlockInactive", []uint64{7}},
+		}, 0}),
+		// The map encoding.
+		pack(map[string]any{"ts": 2.5, "data_parallel_rank": 0, "events": []any{
+			map[string]any{"type": "BlockStored", "block_hashes": []uint64{9}, "parent_block_hash": nil,
+				"token_ids": []uint32{5, 6}, "block_size": 2, "medium": "CPU", "group_idx": 0,
+				"kv_cache_spec_kind": "full_attention", "locality": "local", "ownership": "offload\x00tier"},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{9}, "medium": "FS",
+				"remaining_copy_counts": []uint64{3}, "event_version": 2},
+		}}),
+		// An event as the recordings hold them: none of the new fields.
+		pack([]any{3.5, []any{
+			[]any{"BlockStored", []uint64{10}, nil, []uint32{1, 2}, 2, nil, "GPU", nil, nil},
+			[]any{"BlockRemoved", []uint64{10}, "GPU"},
+		}, 0}),
+	}
+	file := filepath.Join(t.TempDir(), "new-fields.pfxd")
+	w, err := recording.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range payloads {
+		if err := w.Append(recording.Message{Frames: [][]byte{topic, seq(uint64(i + 1)), p}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := runInspectTest(t, "--json", file)
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("%d lines:\n%s", len(lines), out)
+	}
+	for _, l := range lines {
+		if !json.Valid([]byte(l)) {
+			t.Errorf("invalid JSON line %s", l)
+		}
+	}
+	for i, want := range [][]string{
+		{`"unknown_fields":1,"skipped_types":{"BlockInactive":1},"unknown_field_names":{"BlockRemoved[7]":1},"events":[`,
+			`{"type":"BlockStored","block_hashes":["7","8"],"parent_block_hash":"6","token_ids":[1,2,3,4],"block_size":2,"medium":"GPU","lora_id":null,"lora_name":null,` +
+				`"group_idx":1,"kv_cache_spec_kind":"sliding_window","kv_cache_spec_sliding_window":4096,"locality":"LOCAL","ownership":"lmcache","session_id":"session-1"}`,
+			`{"type":"BlockRemoved","block_hashes":["7"],"medium":"STORAGE","group_idx":1,"locality":"REMOTE","ownership":"lmcache","remaining_copy_counts":[0,2]}]`,
+		},
+		{`"skipped":0,"unknown_fields":1,"unknown_field_names":{"event_version":1},"events":[`,
+			`"medium":"CPU","lora_id":null,"lora_name":null,"group_idx":0,"kv_cache_spec_kind":"full_attention","locality":"LOCAL","ownership":"offload\u0000tier"}`,
+			`{"type":"BlockRemoved","block_hashes":["9"],"medium":"FS","remaining_copy_counts":[3]}]`,
+		},
+		{`"skipped":0,"unknown_fields":0,"events":[` +
+			`{"type":"BlockStored","block_hashes":["10"],"parent_block_hash":null,"token_ids":[1,2],"block_size":2,"medium":"GPU","lora_id":null,"lora_name":null},` +
+			`{"type":"BlockRemoved","block_hashes":["10"],"medium":"GPU"}]}`,
+		},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("line %d lacks %s:\n%s", i, w, lines[i])
+			}
+		}
+	}
+
+	code, out, errOut = runInspectTest(t, file)
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, w := range []string{
+		file + `:0 live kv@10.0.0.1:8000@m seq=1 rank=0 BlockStored=1 BlockRemoved=1 AllBlocksCleared=0 skipped=1 unknown_fields=1 skipped_types={"BlockInactive":1} unknown_field_names={"BlockRemoved[7]":1}` + "\n",
+		file + `:1 live kv@10.0.0.1:8000@m seq=2 rank=0 BlockStored=1 BlockRemoved=1 AllBlocksCleared=0 skipped=0 unknown_fields=1 unknown_field_names={"event_version":1}` + "\n",
+		file + `:2 live kv@10.0.0.1:8000@m seq=3 rank=0 BlockStored=1 BlockRemoved=1 AllBlocksCleared=0 skipped=0 unknown_fields=0` + "\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
 	}
 }
