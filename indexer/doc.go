@@ -43,7 +43,17 @@
 // a parent that reproduces the engine's hashes proves the whole chain and
 // settles on engine; AutoDecideAfter such events that do not settle on
 // tokens. Every re-chain in every mode is counted, and mismatches are
-// explained by reason (root, block_size, token_count, non_contiguous, chain).
+// explained by reason (root, block_size, token_count, chain); blocks that do
+// not continue their parent (non_contiguous) are counted as their own
+// result, not as a mismatch.
+//
+// Only what a replica can reuse is indexed (groups.go): of a hybrid
+// model's KV cache groups, one full-attention group per pod (the others'
+// events are counted by kind and skipped); blocks whose storage is REMOTE
+// to the publisher are not the pod's; a removal whose copy counts say
+// copies remain removes nothing. A model's block size is learned from its
+// first full-attention BlockStored event with tokens, whatever was
+// configured.
 //
 // # Caveats
 //
@@ -54,5 +64,7 @@
 // restart before the decision loses them, and the store's applied seq,
 // which they did not move, says so.
 // Blocks of events with extra keys (multimodal, cache salt) are keyed
-// exactly only in engine mode.
+// exactly only in engine mode. What the pod's events said of its KV cache
+// groups, and the model's learned block size, are this process's: another
+// replica sharing the store learns them from the same events.
 package indexer

@@ -50,6 +50,10 @@ type Indexer struct {
 
 	loraMu sync.RWMutex      // protects loras
 	loras  map[string]string // adapter name -> base model name, as the store has them
+
+	// typeNames and fieldNames are the unknown event types and fields
+	// counted by name so far (groups.go).
+	typeNames, fieldNames skippedNames
 }
 
 // cacheSizer is a store that, when full, takes room first from pods
@@ -79,6 +83,14 @@ type pod struct {
 	// pod's first event of that kind comes, so that a pod costs the series
 	// it uses and no more.
 	events [events.KindAllBlocksCleared + 1]prometheus.Counter
+	// groups is what its events said of its KV cache groups (groups.go);
+	// groupKinds has bit k set once a group of kind k was named.
+	groups     groups
+	groupKinds uint32
+	// stored counts BlockStored blocks by kind and outcome (groups.go).
+	stored [events.NumSpecKinds][2]prometheus.Counter
+	// blockSize is the block size of its last full-attention BlockStored.
+	blockSize int
 }
 
 // countEvents counts n events of kind k.
@@ -340,6 +352,7 @@ func (ix *Indexer) Reset(ctx context.Context, podName string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lost = false
+	p.groups.reset()
 	ix.metrics.clears.WithLabelValues("reset").Inc()
 	return ix.store.ForgetPod(ctx, podName)
 }
@@ -362,6 +375,11 @@ func (ix *Indexer) RemovePod(ctx context.Context, podName string) error {
 		ix.metrics.stale.DeleteLabelValues(podName)
 	}
 	ix.mu.Unlock()
+	if p != nil {
+		p.mu.Lock()
+		ix.deleteGroupSeries(p)
+		p.mu.Unlock()
+	}
 	if p == nil {
 		return nil
 	}

@@ -82,6 +82,19 @@ func (f *fleet) stored(toks []uint32, from, to int, medium events.Medium) events
 	return e
 }
 
+// keyOf returns the index key of block i of a whole prompt in the model's
+// key mode.
+func (f *fleet) keyOf(toks []uint32, i int) uint64 {
+	f.t.Helper()
+	if f.ix.KeyMode(testModel) != KeyModeTokens {
+		return f.hashes(toks, "")[i]
+	}
+	f.ix.mu.RLock()
+	m := f.ix.models[testModel]
+	f.ix.mu.RUnlock()
+	return prompt(m.hashers().own, nil, toks, blockhash.Prompt{Model: testModel})[i]
+}
+
 func (f *fleet) match(q Query) map[string]PodMatch {
 	f.t.Helper()
 	if q.Model == "" {
@@ -144,11 +157,114 @@ func TestMismatchesAreCountedAndExplained(t *testing.T) {
 	nc := f.stored(a, 0, 1, events.MediumGPU)
 	nc.ParentHash, nc.HasParent = f.hashes(a, "")[3], true
 	f.send("10.0.0.1:8000", 0, nc)
-	if n := testutil.ToFloat64(f.ix.metrics.mismatches.WithLabelValues(testModel, "non_contiguous")); n != 1 {
+	// Not a failure of the hash check: engine key mode indexes such events
+	// exactly.
+	if n := testutil.ToFloat64(f.ix.metrics.hashChecks.WithLabelValues(testModel, "non_contiguous")); n != 1 {
 		t.Errorf("non-contiguous %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(f.ix.metrics.hashChecks.WithLabelValues(testModel, "mismatch")) + testutil.ToFloat64(f.ix.metrics.mismatches.WithLabelValues(testModel, "non_contiguous")); n != 0 {
+		t.Errorf("a non-contiguous event counted as %v mismatches", n)
 	}
 	if explain("root") == "root" || explain("non_contiguous") == "non_contiguous" {
 		t.Error("reasons are not explained")
+	}
+}
+
+// prefixd configured with another block size than the fleet's learns the
+// fleet's from its events: answers are right and the key mode is engine.
+func TestBlockSizeLearnedFromEvents(t *testing.T) {
+	st, err := memory.New(memory.Options{CapacityBlocks: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.Default = ModelOptions{HashScheme: "llmd", BlockSize: 8, KeyMode: KeyModeAuto}
+	m := NewMetrics(nil)
+	ix, err := New(st, opts, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, KeyModeAuto, "")
+	f.ix, f.st = ix, st
+	a := tokens(0, 16)
+	f.send("10.0.0.1:8000", 0, f.stored(a, 0, 4, events.MediumGPU))
+	if got := ix.KeyMode(testModel); got != KeyModeEngine {
+		t.Fatalf("key mode %v, want engine", got)
+	}
+	if got := f.match(Query{TokenIDs: a}); got["10.0.0.1:8000"].Blocks != 4 || got["10.0.0.1:8000"].Tokens != 16 {
+		t.Fatalf("match: %+v", got)
+	}
+	if n := testutil.ToFloat64(m.blockSize.WithLabelValues(testModel)); n != 4 {
+		t.Errorf("model block size %v, want the events' 4", n)
+	}
+	if n := testutil.ToFloat64(m.podBlockSize.WithLabelValues("10.0.0.1:8000")); n != 4 {
+		t.Errorf("pod block size %v", n)
+	}
+	if n := testutil.ToFloat64(m.dropped.WithLabelValues(dropBlockSize)); n != 0 {
+		t.Errorf("%v blocks dropped for block size", n)
+	}
+	// A pod at another block size than the model's: reported, not matched.
+	e := f.stored(a, 0, 2, events.MediumGPU)
+	e.BlockSize, e.TokenIDs = 2, e.TokenIDs[:4]
+	f.send("10.0.0.2:8000", 0, e)
+	if n := testutil.ToFloat64(m.podBlockSize.WithLabelValues("10.0.0.2:8000")); n != 2 {
+		t.Errorf("pod block size %v, want 2", n)
+	}
+	if n := testutil.ToFloat64(m.mismatches.WithLabelValues(testModel, "block_size")); n != 1 {
+		t.Errorf("block size mismatches %v, want 1", n)
+	}
+}
+
+// A second full-attention group at another block size is not indexed, and
+// the hash check says why; a REMOTE copy is not credited; a removal with
+// copies left removes nothing.
+func TestGroupsLocalityAndCopies(t *testing.T) {
+	for _, mode := range []KeyMode{KeyModeEngine, KeyModeTokens} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFleet(t, mode, "")
+			a, b := tokens(0, 16), tokens(100, 16)
+			const pod = "10.0.0.1:8000"
+			fa := f.stored(a, 0, 4, events.MediumGPU)
+			fa.GroupIdx, fa.HasGroupIdx, fa.SpecKind = 0, true, events.SpecFullAttention
+			wide := f.stored(a, 0, 2, events.MediumGPU)
+			wide.GroupIdx, wide.HasGroupIdx, wide.SpecKind, wide.BlockSize = 1, true, events.SpecFullAttention, 8
+			f.send(pod, 0, fa, wide)
+			m := f.ix.metrics
+			if n := testutil.ToFloat64(m.dropped.WithLabelValues(dropBlockSize)); n != 2 {
+				t.Errorf("blocks dropped for block size %v, want 2", n)
+			}
+			if n := testutil.ToFloat64(m.mismatches.WithLabelValues(testModel, "block_size")); n != 1 {
+				t.Errorf("block size mismatches %v, want 1", n)
+			}
+			// The wide group's removal does not touch group 0's blocks.
+			rm := events.Event{Kind: events.KindBlockRemoved, BlockHashes: f.hashes(a, "")[:2], GroupIdx: 1, HasGroupIdx: true}
+			f.send(pod, 0, rm)
+			if got := f.match(Query{TokenIDs: a}); got[pod].Blocks != 4 {
+				t.Fatalf("after the other group's removal: %+v", got)
+			}
+			// Copies left: nothing removed; none left: removed.
+			rm.GroupIdx, rm.RemainingCopies = 0, []uint64{0, 1}
+			f.send(pod, 0, rm)
+			if got := f.match(Query{TokenIDs: a}); got[pod].Blocks != 0 {
+				t.Fatalf("block 0 removed, block 1 has a copy left: %+v", got)
+			}
+			if !holds(t, f.st, pod, f.keyOf(a, 1)) {
+				t.Error("block 1 with a copy left was removed")
+			}
+			// A REMOTE copy of another prompt is not the pod's.
+			remote := f.stored(b, 0, 4, events.MediumStorage)
+			remote.Locality = events.LocalityRemote
+			f.send(pod, 0, remote)
+			if got := f.match(Query{TokenIDs: b}); len(got) != 0 {
+				t.Fatalf("REMOTE blocks credited: %+v", got)
+			}
+			if n := testutil.ToFloat64(m.skipped.WithLabelValues("remote")); n != 4 {
+				t.Errorf("remote blocks skipped %v, want 4", n)
+			}
+			if n := testutil.ToFloat64(m.skipped.WithLabelValues("copies_remain")); n != 1 {
+				t.Errorf("copies_remain %v, want 1", n)
+			}
+		})
 	}
 }
 

@@ -85,7 +85,8 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	if m == nil {
 		return &Result{Model: q.Model, Explanation: "no pod has sent events yet: prefixd knows no model"}, nil
 	}
-	res := &Result{Model: m.name, BlockSize: m.opts.BlockSize}
+	hs := m.hashers()
+	res := &Result{Model: m.name, BlockSize: hs.blockSize}
 	if m.pods.Load() == 0 {
 		res.Explanation = fmt.Sprintf("no pod serving model %q has sent events yet", m.name)
 	}
@@ -110,9 +111,9 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 			return nil, fmt.Errorf("%w: no token ids, block hashes, prompt or messages", ErrEmptyQuery)
 		}
 		res.Tokens = len(tokens)
-		h := m.engine
+		h := hs.engine
 		if m.mode() == KeyModeTokens {
-			h = m.own
+			h = hs.own
 		}
 		keys = prompt(h, nil, tokens, blockhash.Prompt{Model: m.name, LoRA: lora, CacheSalt: q.CacheSalt})
 	}
@@ -126,7 +127,7 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	}
 	res.Pods = make([]PodMatch, 0, len(matches))
 	for _, mt := range matches {
-		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * m.opts.BlockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete, Stale: mt.Stale}
+		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * hs.blockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete, Stale: mt.Stale}
 		w := 0.0
 		for t, n := range mt.TierBlocks {
 			w += float64(n) * ix.opts.TierWeights[t]

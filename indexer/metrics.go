@@ -23,6 +23,15 @@ type Metrics struct {
 	refused    *prometheus.CounterVec // batches, by reason
 	// lorasUnlearned counts adapter names not learned: MaxLoRAs were known.
 	lorasUnlearned prometheus.Counter
+
+	blockSize     *prometheus.GaugeVec   // by model
+	podBlockSize  *prometheus.GaugeVec   // by pod
+	storedBlocks  *prometheus.CounterVec // by pod, kind, outcome
+	skipped       *prometheus.CounterVec // blocks, by reason
+	groups        *prometheus.GaugeVec   // by pod, kind
+	unknownMedia  prometheus.Counter
+	skippedTypes  *prometheus.CounterVec // events, by type
+	skippedFields *prometheus.CounterVec // fields, by name
 }
 
 // NewMetrics builds the metrics and registers them with reg, which may be nil.
@@ -38,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		hashChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_hash_checks_total",
-			Help: "BlockStored events re-chained from parent and tokens and compared with the engine's hashes, by model and result (match, mismatch).",
+			Help: "BlockStored events re-chained from parent and tokens and compared with the engine's hashes, by model and result (match, mismatch, non_contiguous: blocks that do not continue their parent, which llm-d-inference-sim sends and engine key mode indexes exactly).",
 		}, []string{"model", "result"}),
 		mismatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixd_hash_mismatches_total",
@@ -65,8 +74,41 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "prefixd_loras_unlearned_total",
 		Help: "LoRA adapter names seen in events and not learned because the adapter limit (--max-loras) was reached.",
 	})
+	m.blockSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "prefixd_model_block_size",
+		Help: "Tokens per block of each model, as its full-attention BlockStored events say (the configured size until one came).",
+	}, []string{"model"})
+	m.podBlockSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "prefixd_pod_block_size",
+		Help: "Tokens per block of each pod's full-attention BlockStored events; a pod whose size differs from its model's cannot be matched.",
+	}, []string{"pod"})
+	m.storedBlocks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_pod_stored_blocks_total",
+		Help: "Blocks of BlockStored events by pod, KV cache group kind (none: no group named) and outcome: indexed, or skipped (a group that is not full attention, another full-attention group, remote storage, a block size other than the model's).",
+	}, []string{"pod", "kind", "outcome"})
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_blocks_skipped_total",
+		Help: "Blocks of events deliberately not applied, by reason (kind, secondary_group, unknown_group, remote, copies_remain, copy_counts_mismatch).",
+	}, []string{"reason"})
+	m.groups = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "prefixd_pod_kv_cache_groups",
+		Help: "KV cache groups each pod's events named, by kind.",
+	}, []string{"pod", "kind"})
+	m.unknownMedia = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "prefixd_events_unknown_medium_total",
+		Help: "Events on a medium prefixd does not know, indexed on the slowest tier (DISK).",
+	})
+	m.skippedTypes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_events_skipped_total",
+		Help: "Events of types prefixd does not know, skipped, by type name (other past 64 names; invalid for names that are not valid labels).",
+	}, []string{"type"})
+	m.skippedFields = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixd_event_fields_skipped_total",
+		Help: "Fields prefixd does not know, skipped, by name (other past 64 names; invalid for names that are not valid labels).",
+	}, []string{"field"})
 	if reg != nil {
-		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears, m.stale, m.refused, m.lorasUnlearned)
+		reg.MustRegister(m.events, m.dropped, m.hashChecks, m.mismatches, m.keyMode, m.clears, m.stale, m.refused, m.lorasUnlearned,
+			m.blockSize, m.podBlockSize, m.storedBlocks, m.skipped, m.groups, m.unknownMedia, m.skippedTypes, m.skippedFields)
 	}
 	return m
 }

@@ -16,10 +16,11 @@ import (
 type model struct {
 	name string
 	opts ModelOptions
-	// engine is the configured scheme, meant to reproduce the engine's hashes;
-	// own is prefixd's own chain, used in tokens mode.
-	engine *blockhash.Hasher
-	own    *blockhash.Hasher
+	// hs are the model's hashers at its block size: the configured one
+	// until the first full-attention BlockStored event with tokens says
+	// otherwise (learnBlockSize).
+	hs      atomic.Pointer[hashers]
+	learnMu sync.Mutex // serializes learnBlockSize
 
 	decided atomic.Uint32 // KeyMode once decided; KeyModeAuto before
 	pods    atomic.Int32  // pods of the model this process knows
@@ -32,6 +33,7 @@ type model struct {
 	lastReason                                string
 
 	warnedRoot atomic.Bool // a root mismatch was logged at warning level
+	verified   atomic.Bool // the engine scheme reproduced an event of the model
 }
 
 type pendingBatch struct {
@@ -81,10 +83,12 @@ func (ix *Indexer) model(ctx context.Context, name string) (*model, error) {
 	if len(ix.models) >= ix.opts.MaxModels {
 		return nil, ix.refuse(RefuseMaxModels, "model %s: %d models are known, the limit (--max-models)", name, ix.opts.MaxModels)
 	}
-	m = &model{name: name, opts: opts, engine: engine, own: own}
+	m = &model{name: name, opts: opts}
+	m.hs.Store(&hashers{blockSize: opts.BlockSize, engine: engine, own: own})
 	m.decided.Store(uint32(mode))
 	ix.models[name] = m
 	ix.metrics.keyMode.WithLabelValues(name, mode.String()).Set(1)
+	ix.metrics.blockSize.WithLabelValues(name).Set(float64(opts.BlockSize))
 	return m, nil
 }
 
@@ -95,6 +99,55 @@ func (ix *Indexer) fullOfModels() bool {
 }
 
 func (m *model) mode() KeyMode { return KeyMode(m.decided.Load()) }
+
+// hashers are a model's chains at one block size: engine is the configured
+// scheme, meant to reproduce the engine's hashes; own is prefixd's own
+// chain, used in tokens mode.
+type hashers struct {
+	blockSize int
+	engine    *blockhash.Hasher
+	own       *blockhash.Hasher
+	learned   bool // blockSize came from an event
+}
+
+func (m *model) hashers() *hashers { return m.hs.Load() }
+
+// maxLearnedBlockSize bounds the block sizes learned from events: larger
+// ones (hostile, or a group that is not full attention) are not learned.
+const maxLearnedBlockSize = 4096
+
+// learnBlockSize makes bs, the block size of a full-attention BlockStored
+// event of pod p, the model's, unless one was learned already: every
+// BlockStored carries its block size, and a configured one that differs
+// would make every query and token chain wrong. It returns the model's
+// hashers after the call.
+func (m *model) learnBlockSize(ix *Indexer, p *pod, bs int) *hashers {
+	h := m.hashers()
+	if h.learned || bs <= 0 || bs > maxLearnedBlockSize {
+		return h
+	}
+	m.learnMu.Lock()
+	defer m.learnMu.Unlock()
+	if h = m.hashers(); h.learned {
+		return h
+	}
+	next := &hashers{blockSize: h.blockSize, engine: h.engine, own: h.own, learned: true}
+	if bs != h.blockSize {
+		o := m.opts
+		o.BlockSize = bs
+		engine, own, err := newHashers(o)
+		if err != nil {
+			ix.log.Warn("block size of the events not usable: keeping the configured one", "model", m.name, "pod", p.name, "events", bs, "configured", h.blockSize, "err", err)
+			m.hs.Store(next)
+			return next
+		}
+		ix.log.Warn("the events' block size differs from the configured one: using the events'", "model", m.name, "pod", p.name, "events", bs, "configured", h.blockSize)
+		next.blockSize, next.engine, next.own = bs, engine, own
+	}
+	m.hs.Store(next)
+	ix.metrics.blockSize.WithLabelValues(m.name).Set(float64(next.blockSize))
+	return next
+}
 
 // prompt describes an event's prompt for hashing: the model and the
 // adapter the event names.
@@ -115,7 +168,8 @@ const (
 // it with the published hashes. reason explains a mismatch.
 func (m *model) verify(p *pod, e *events.Event) (v verdict, reason string) {
 	n := len(e.BlockHashes)
-	bs := m.opts.BlockSize
+	h := m.hashers()
+	bs := h.blockSize
 	if n == 0 || len(e.TokenIDs) == 0 {
 		return verdictUnverifiable, ""
 	}
@@ -128,12 +182,12 @@ func (m *model) verify(p *pod, e *events.Event) (v verdict, reason string) {
 	var got []uint64
 	if e.HasParent {
 		var ok bool
-		got, ok = rechain(m.engine, p.buf[:0], e.ParentHash, e.TokenIDs)
+		got, ok = rechain(h.engine, p.buf[:0], e.ParentHash, e.TokenIDs)
 		if !ok {
 			return verdictUnverifiable, ""
 		}
 	} else {
-		got = prompt(m.engine, p.buf[:0], e.TokenIDs, m.prompt(e))
+		got = prompt(h.engine, p.buf[:0], e.TokenIDs, m.prompt(e))
 	}
 	p.buf = got
 	if equal(got, e.BlockHashes) {
@@ -145,9 +199,17 @@ func (m *model) verify(p *pod, e *events.Event) (v verdict, reason string) {
 	// A parent before a prompt's first block: the engine listed blocks that
 	// do not continue their parent (llm-d-inference-sim does this when it
 	// re-stores evicted blocks from the middle of a prompt).
-	first := prompt(m.engine, p.buf[:0], e.TokenIDs[:bs], m.prompt(e))
+	first := prompt(h.engine, p.buf[:0], e.TokenIDs[:bs], m.prompt(e))
 	p.buf = first
 	if len(first) == 1 && first[0] == e.BlockHashes[0] {
+		return verdictMismatch, "non_contiguous"
+	}
+	// Re-chaining from the event's own parent needs nothing prefixd may
+	// have missed: once the scheme reproduced some event of the model, a
+	// block that does not continue its parent is the engine listing blocks
+	// that are not contiguous (llm-d-inference-sim re-storing evicted
+	// middle blocks), not a wrong scheme.
+	if m.verified.Load() {
 		return verdictMismatch, "non_contiguous"
 	}
 	return verdictMismatch, "chain"
@@ -159,13 +221,13 @@ func explain(reason string) string {
 	case "root":
 		return "a prompt's first blocks differ: the hash seed, the served model name or the LoRA adapter name differs from the engine's"
 	case "block_size":
-		return "the event's block size differs from the configured one"
+		return "the event's block size differs from the model's (learned from its first full-attention BlockStored event, or configured): a pod or a full-attention KV cache group with another block size cannot be matched"
 	case "token_count":
 		return "token_ids do not hold block_size tokens per listed block"
 	case "non_contiguous":
 		return "the event lists a prompt's first block after a parent: its blocks do not continue the parent (llm-d-inference-sim re-stores evicted middle blocks this way)"
 	case "chain":
-		return "the blocks do not continue the parent: a non-contiguous event, or events were missed"
+		return "the blocks do not continue the parent, and no event of the model was reproduced yet: the block function (hash scheme) differs from the engine's, or the engine listed blocks that are not contiguous"
 	}
 	return reason
 }
@@ -185,10 +247,15 @@ func equal(a, b []uint64) bool {
 // check verifies a BlockStored event and counts the result.
 func (m *model) check(ix *Indexer, p *pod, e *events.Event) verdict {
 	v, reason := m.verify(p, e)
-	switch v {
-	case verdictMatch:
+	switch {
+	case v == verdictMatch:
+		m.verified.Store(true)
 		ix.metrics.hashChecks.WithLabelValues(m.name, "match").Inc()
-	case verdictMismatch:
+	case v == verdictMismatch && reason == "non_contiguous":
+		// Not a failure of the scheme: the engine listed blocks that do not
+		// continue their parent, and their own hashes are right.
+		ix.metrics.hashChecks.WithLabelValues(m.name, "non_contiguous").Inc()
+	case v == verdictMismatch:
 		ix.metrics.hashChecks.WithLabelValues(m.name, "mismatch").Inc()
 		ix.metrics.mismatches.WithLabelValues(m.name, reason).Inc()
 		if reason == "root" || reason == "block_size" {
@@ -222,12 +289,17 @@ func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) (Appl
 		if e.Kind != events.KindBlockStored {
 			continue
 		}
+		if _, why := p.classify(ix, e); why != keep && why != skipBlockSize {
+			continue
+		}
 		v, reason := m.verify(p, e)
 		switch {
 		case v == verdictMatch && !e.HasParent:
 			m.rootMatches++
+			m.verified.Store(true)
 		case v == verdictMatch:
 			m.chainMatches++
+			m.verified.Store(true)
 		case v == verdictMismatch && (reason == "root" || reason == "block_size"):
 			m.rootMismatches++
 			m.lastReason = reason

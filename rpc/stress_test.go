@@ -19,13 +19,24 @@ import (
 )
 
 // stressBatch is a batch of pod g/i's events: a BlockStored naming a new
-// LoRA adapter, sometimes an AllBlocksCleared.
+// LoRA adapter at one of two block sizes, often other KV cache groups'
+// events and an unknown type, sometimes an AllBlocksCleared.
 func stressBatch(tb testing.TB, r *rand.Rand, g, n int) []byte {
 	toks := make([]uint32, 32)
 	for i := range toks {
 		toks[i] = uint32(r.IntN(1000))
 	}
-	evs := []any{[]any{"BlockStored", []uint64{r.Uint64(), r.Uint64()}, nil, toks, 16, nil, "GPU", fmt.Sprintf("lora-%d-%d", g, n), nil}}
+	hashes := []uint64{r.Uint64(), r.Uint64()}
+	evs := []any{[]any{"BlockStored", hashes, nil, toks, 16 * (1 + r.IntN(2)), nil, "GPU", fmt.Sprintf("lora-%d-%d", g, n), nil}}
+	if r.IntN(2) == 0 {
+		// A hybrid model's other groups, a removal for any group, a type
+		// prefixd does not know.
+		evs = append(evs,
+			map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil, "token_ids": toks, "block_size": 16,
+				"medium": "CPU", "group_idx": 1 + r.IntN(2), "kv_cache_spec_kind": []string{"sliding_window", "full_attention", "mamba"}[r.IntN(3)]},
+			map[string]any{"type": "BlockRemoved", "block_hashes": hashes[:1], "medium": "GPU", "group_idx": r.IntN(4), "remaining_copy_counts": []int{r.IntN(2)}},
+			map[string]any{"type": fmt.Sprintf("Future%d", r.IntN(100))})
+	}
 	if r.IntN(20) == 0 {
 		evs = append(evs, []any{"AllBlocksCleared"})
 	}
