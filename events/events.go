@@ -126,7 +126,8 @@ type Event struct {
 	Kind Kind
 
 	// BlockHashes are the engine's block hashes (BlockStored, BlockRemoved).
-	// 32-byte binary hashes are reduced to their last 8 bytes, big-endian.
+	// Binary hashes (32 bytes for sha256, 16 for xxh3-128) are reduced to
+	// their last 8 bytes, big-endian: the integer vLLM publishes.
 	BlockHashes []uint64
 	// ParentHash is the engine hash the first stored block continues;
 	// HasParent is false when the parent is nil or the integer 0.
