@@ -135,6 +135,21 @@ func storedMap(hashes []uint64, parent any, tokens []uint32, blockSize int) omap
 	}
 }
 
+// benchBlocks returns the hashes and tokens of one benchmark event of
+// hashes blocks of 16 tokens, advancing the generator h.
+func benchBlocks(h *uint64, hashes int) ([]uint64, []uint32) {
+	hs := make([]uint64, hashes)
+	for j := range hs {
+		*h = *h*6364136223846793005 + 1442695040888963407
+		hs[j] = *h
+	}
+	toks := make([]uint32, hashes*16)
+	for j := range toks {
+		toks[j] = uint32(*h>>32) + uint32(j)*2654435761
+	}
+	return hs, toks
+}
+
 // benchBatch is a batch of n BlockStored events of hashes blocks of 16
 // tokens each, in the array or map encoding.
 func benchBatch(tb testing.TB, n, hashes int, asMap bool) []byte {
@@ -142,15 +157,7 @@ func benchBatch(tb testing.TB, n, hashes int, asMap bool) []byte {
 	evs := make([]any, n)
 	h := uint64(0x9e3779b97f4a7c15)
 	for i := range evs {
-		hs := make([]uint64, hashes)
-		for j := range hs {
-			h = h*6364136223846793005 + 1442695040888963407
-			hs[j] = h
-		}
-		toks := make([]uint32, hashes*16)
-		for j := range toks {
-			toks[j] = uint32(h>>32) + uint32(j)*2654435761
-		}
+		hs, toks := benchBlocks(&h, hashes)
 		if asMap {
 			evs[i] = storedMap(hs, h, toks, 16)
 		} else {
@@ -173,15 +180,7 @@ func hybridBatch(tb testing.TB, n, hashes int) []byte {
 	evs := make([]any, n)
 	h := uint64(0x9e3779b97f4a7c15)
 	for i := range evs {
-		hs := make([]uint64, hashes)
-		for j := range hs {
-			h = h*6364136223846793005 + 1442695040888963407
-			hs[j] = h
-		}
-		toks := make([]uint32, hashes*16)
-		for j := range toks {
-			toks[j] = uint32(h>>32) + uint32(j)*2654435761
-		}
+		hs, toks := benchBlocks(&h, hashes)
 		ev := storedMap(hs, h, toks, 16)
 		kind, window := "full_attention", any(nil)
 		if i%2 == 1 {

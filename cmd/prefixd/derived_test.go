@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/events/recording"
 	"github.com/prefixd/prefixd/internal/fixture"
 	"github.com/prefixd/prefixd/internal/fixture/derive"
 	"github.com/prefixd/prefixd/testutil/zmqpub"
@@ -20,6 +21,23 @@ func replayQuery(t *testing.T, files ...string) []string {
 		t.Fatalf("replay: exit %d: %s", code, errOut)
 	}
 	return strings.Split(strings.TrimSpace(out), "\n")
+}
+
+// serveMessages starts prefixd serve with extra flags, publishes msgs into
+// it from a real libzmq publisher and waits until every one is applied.
+func serveMessages(t *testing.T, msgs []recording.Message, extra ...string) *proc {
+	t.Helper()
+	s := startServe(t, extra...)
+	pub := zmqpub.Start(t)
+	pub.Connect(s.zmq)
+	pub.WaitSubscribed()
+	for _, m := range msgs {
+		pub.Send(m.Frames...)
+	}
+	s.waitUntil(t, "every message applied", func() bool {
+		return s.metric(t, "prefixd_batches_applied_total") == float64(len(msgs))
+	})
+	return s
 }
 
 // Recording a rewritten into every form current vLLM publishes (hybrid
@@ -55,17 +73,7 @@ func TestServeDerivedFormsAnswerAsOriginal(t *testing.T) {
 	reqs := fixture.Requests(t, "a_array_random_seedless")
 	for _, name := range []string{"hybrid-multi", "media", "new-fields", "seq-from-0"} {
 		t.Run(name, func(t *testing.T) {
-			msgs := derive.Messages(t, path, derive.Find(t, name))
-			s := startServe(t)
-			pub := zmqpub.Start(t)
-			pub.Connect(s.zmq)
-			pub.WaitSubscribed()
-			for _, m := range msgs {
-				pub.Send(m.Frames...)
-			}
-			s.waitUntil(t, "every message applied", func() bool {
-				return s.metric(t, "prefixd_batches_applied_total") == float64(len(msgs))
-			})
+			s := serveMessages(t, derive.Messages(t, path, derive.Find(t, name)))
 			for _, sp := range servedPods(s.base) {
 				if sp.Stale {
 					t.Errorf("pod %s stale", sp.Name)
@@ -120,17 +128,7 @@ func TestServeLearnsBlockSize(t *testing.T) {
 	path := fixture.Path(t, "a_array_random_seedless", "events.jsonl")
 	zmqpub.Require(t)
 	want := replayQuery(t, path)
-	msgs := liveMessages(t, path)
-	s := startServe(t, "--block-size", "32")
-	pub := zmqpub.Start(t)
-	pub.Connect(s.zmq)
-	pub.WaitSubscribed()
-	for _, m := range msgs {
-		pub.Send(m.Frames...)
-	}
-	s.waitUntil(t, "every message applied", func() bool {
-		return s.metric(t, "prefixd_batches_applied_total") == float64(len(msgs))
-	})
+	s := serveMessages(t, liveMessages(t, path), "--block-size", "32")
 	for i, r := range fixture.Requests(t, "a_array_random_seedless") {
 		if got := httpMatch(t, s.base, r.Body); got != want[i] {
 			t.Fatalf("request %d:\n%s\nwith --block-size 16:\n%s", i, got, want[i])
