@@ -61,6 +61,11 @@ var targets = []target{
 	{"#6", "gRPC Match by 8k token ids: throughput", "BenchmarkGRPCMatch/tokens-8k", "queries/s", 1e-3, "k queries/s", false, 5, ""},
 	{"#6", "the same: p99", "BenchmarkGRPCMatch/tokens-8k", "p99-ms", 1, "ms", true, 5, ""},
 	{"#5", "end to end: recording a looped through a socket, subscriber, pipeline, index", "BenchmarkEndToEnd", "blocks/s", 1e-6, "M blocks/s", false, math.Inf(-1), "no target"},
+	{"#12", "decode after the newest fields: batch of 16 BlockStored (8 hashes, 128 tokens each), array form", "BenchmarkDecode/array", "ns/event", 1e-3, "µs/event", true, 0.5, ""},
+	{"#12", "the same, map form", "BenchmarkDecode/map", "ns/event", 1e-3, "µs/event", true, 0.5, ""},
+	{"#12", "the same, map form with a hybrid model's group_idx, kv_cache_spec_kind, sliding window, locality and ownership on every event (11 fields instead of 6)", "BenchmarkDecode/map-hybrid", "ns/event", 1e-3, "µs/event", true, math.Inf(1), "no target: the #12 target is the batch above"},
+	{"#12", "decode allocations per batch, hybrid map form", "BenchmarkDecode/map-hybrid", "allocs/op", 1, "allocs", true, 0, ""},
+	{"#12", "vLLM xxhash_cbor chain, 8k tokens (512 blocks of 16)", "BenchmarkChain/vllm-xxhash-cbor-512x16", "ns/op", 1e-3, "µs", true, math.Inf(1), "no target"},
 	{"#10", "prefixd serve's peak RSS under 300 concurrent 4 MiB /v1/match bodies", "BenchmarkQueryFlood", "peak-rss-MiB", 1, "MiB", true, 700 * 1e6 / (1 << 20), "700 MB; the query byte budget is 256 MiB"},
 	{"#10", "prefixd serve's /metrics after 20,000 topics, each a pod of its own", "BenchmarkManyTopicsMetrics", "metrics-bytes", 1e-6, "MB", true, 5 * (1 << 20) * 1e-6, "5 MiB; --max-pods keeps 4096 of the pods"},
 }
