@@ -424,6 +424,8 @@ func httpStatus(c codes.Code) int {
 		return http.StatusTooManyRequests
 	case codes.DeadlineExceeded:
 		return http.StatusGatewayTimeout
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
 	case codes.Canceled:
 		return 499 // client closed request
 	default:

@@ -28,6 +28,7 @@ import (
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
 	"github.com/prefixd/prefixd/rpc/internal/codec"
 	"github.com/prefixd/prefixd/rpc/querylimit"
+	"github.com/prefixd/prefixd/store"
 )
 
 // Server answers prefix queries over an Indexer, by gRPC (IndexService,
@@ -399,6 +400,10 @@ func statusOf(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, indexer.ErrUnknownModel):
 		code = codes.NotFound
+	case errors.Is(err, store.ErrUnavailable):
+		// A shared store that cannot be reached: another prefixd replica,
+		// or this one once the store is back, can answer.
+		code = codes.Unavailable
 	case errors.Is(err, indexer.ErrEmptyQuery), errors.Is(err, indexer.ErrBadQuery):
 		code = codes.InvalidArgument
 	}

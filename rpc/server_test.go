@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer/tokenize"
 	prefixdv1 "github.com/prefixd/prefixd/proto/prefixd/v1"
+	"github.com/prefixd/prefixd/store"
 )
 
 func protoMessages(msgs []tokenize.Message) []*prefixdv1.ChatMessage {
@@ -417,5 +419,17 @@ func TestPooledRequestsConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// A store that cannot be reached is Unavailable over gRPC and 503 over
+// HTTP: a router retries another replica instead of taking it for a bug.
+func TestStoreUnavailableStatus(t *testing.T) {
+	err := statusOf(fmt.Errorf("lookup: %w", fmt.Errorf("dial tcp: %w", store.ErrUnavailable)))
+	if st := status.Convert(err); st.Code() != codes.Unavailable {
+		t.Fatalf("code %v, want Unavailable", st.Code())
+	}
+	if c := httpStatus(codes.Unavailable); c != http.StatusServiceUnavailable {
+		t.Fatalf("HTTP %d, want 503", c)
 	}
 }

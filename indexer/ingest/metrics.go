@@ -34,6 +34,10 @@ const (
 	DropPanic = "panic"
 	// DropError: the store failed while the message's pod was admitted.
 	DropError = "error"
+	// DropStoreUnavailable: a shared store could not be reached; the
+	// message's pod is stale until the store is back and the pod's gap
+	// is repaired from replay.
+	DropStoreUnavailable = "store_unavailable"
 )
 
 // Reasons of prefixd_pods_removed_total.
@@ -60,6 +64,7 @@ type Metrics struct {
 	podsRemoved  *prometheus.CounterVec // reason
 	batches      prometheus.Counter
 	duplicates   prometheus.Counter
+	notOwner     prometheus.Counter
 	lag          prometheus.Histogram
 }
 
@@ -99,6 +104,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prefixd_batches_duplicate_total",
 			Help: "Batches not applied because their pod's applied seq was at or past theirs (replays overlapping, repeated messages).",
 		}),
+		notOwner: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixd_batches_not_owner_total",
+			Help: "Batches left to another prefixd replica sharing the store, which holds the pod's write lease and applies its stream.",
+		}),
 		batches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prefixd_batches_applied_total",
 			Help: "Batches applied to the index, live and replayed.",
@@ -110,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.podsRemoved, m.batches, m.duplicates, m.lag)
+		reg.MustRegister(m.decodeErrors, m.resets, m.gaps, m.replays, m.applyErrors, m.podsRemoved, m.batches, m.duplicates, m.notOwner, m.lag)
 		m.dropped = promreg.Register(reg, m.dropped)
 	}
 	return m

@@ -12,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/transport"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/store"
 )
 
 // worker applies the batches of the pods that route to it. Everything in
@@ -125,6 +126,10 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 	st.source, st.peer, st.gone = m.Source, m.Peer, time.Time{}
 	if !st.loaded {
 		seq, ok, err := p.ix.AppliedSeq(ctx, st.name)
+		if errors.Is(err, store.ErrUnavailable) {
+			w.unavailable(ctx, st, err)
+			return
+		}
 		if err != nil {
 			p.log.Warn("applied seq not read from the store: handled as a gap", "pod", st.name, "err", err)
 			w.repair(ctx, m, b, src, st, st.applied+1, false)
@@ -278,6 +283,17 @@ func (w *worker) repair(ctx context.Context, m *transport.Message, b *events.Bat
 func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source, st *podState) error {
 	p := w.p
 	res, err := p.ix.Apply(ctx, b, src)
+	switch {
+	case errors.Is(err, store.ErrNotOwner):
+		// Another replica applies the pod's stream; this one takes over
+		// once that replica's lease lapses, from the store's applied seq.
+		p.m.notOwner.Inc()
+		st.loaded = false
+		return err
+	case errors.Is(err, store.ErrUnavailable):
+		w.unavailable(ctx, st, err)
+		return err
+	}
 	if err != nil {
 		w.stale(ctx, st, true)
 		if reason := indexer.RefusedReason(err); reason != "" {
@@ -310,8 +326,25 @@ func (w *worker) apply(ctx context.Context, b *events.Batch, src indexer.Source,
 }
 
 // retryable reports whether a batch that failed to apply may apply when
-// tried again: not a refusal, which is the batch's own.
-func retryable(err error) bool { return indexer.RefusedReason(err) == "" }
+// tried again at once, from replay: not a refusal, which is the batch's
+// own, nor a batch another replica applies, nor a store that cannot be
+// reached (the gap is repaired once it is back).
+func retryable(err error) bool {
+	return indexer.RefusedReason(err) == "" && !errors.Is(err, store.ErrNotOwner) && !errors.Is(err, store.ErrUnavailable)
+}
+
+// unavailable drops a batch of pod st because the store cannot be
+// reached: the pod is stale, and its applied seq is read again once the
+// store is back, so that its next batch finds the gap and repairs it.
+func (w *worker) unavailable(ctx context.Context, st *podState, err error) {
+	p := w.p
+	p.m.dropped.WithLabelValues(DropStoreUnavailable, st.source).Inc()
+	st.loaded = false
+	w.stale(ctx, st, true)
+	if ok, suppressed := p.refusals.Allow(); ok {
+		p.log.Warn("store unavailable: batch dropped, pod marked stale until the store is back and its gap repaired", "pod", st.name, "err", err, "failures_not_logged", suppressed)
+	}
+}
 
 // stale marks a pod stale or consistent again, in the index and here.
 func (w *worker) stale(ctx context.Context, st *podState, stale bool) {
