@@ -88,6 +88,8 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 	hs := m.hashers()
 	res := &Result{Model: m.name, BlockSize: hs.blockSize}
 	if m.pods.Load() == 0 {
+		// Unless the store, shared with other prefixd processes, has pods
+		// of it (below).
 		res.Explanation = fmt.Sprintf("no pod serving model %q has sent events yet", m.name)
 	}
 	keys := q.BlockHashes
@@ -126,6 +128,9 @@ func (ix *Indexer) Match(ctx context.Context, q *Query) (*Result, error) {
 		return nil, err
 	}
 	res.Pods = make([]PodMatch, 0, len(matches))
+	if len(matches) > 0 {
+		res.Explanation = ""
+	}
 	for _, mt := range matches {
 		pm := PodMatch{Pod: mt.Pod, Blocks: mt.Blocks, Tokens: mt.Blocks * hs.blockSize, TierBlocks: mt.TierBlocks, Incomplete: mt.Incomplete, Stale: mt.Stale}
 		w := 0.0
@@ -155,12 +160,21 @@ func (ix *Indexer) resolve(ctx context.Context, q *Query) (m *model, lora string
 	_, known := ix.models[name]
 	none := len(ix.models) == 0
 	ix.mu.RUnlock()
-	if !known && !isLoRA && !none {
-		// Another process sharing the store may have learned the adapter.
-		if err := ix.loadLoRAs(ctx); err != nil {
+	if !known && !isLoRA {
+		// Another process sharing the store may have learned the model
+		// or the adapter from events this one has not seen.
+		states, err := ix.store.Models(ctx)
+		if err != nil {
 			return nil, "", err
 		}
-		base, isLoRA = ix.lora(name)
+		if _, ok := states[name]; ok {
+			known, none = true, false
+		} else if !none {
+			if err := ix.loadLoRAs(ctx); err != nil {
+				return nil, "", err
+			}
+			base, isLoRA = ix.lora(name)
+		}
 	}
 	switch {
 	case isLoRA:

@@ -54,6 +54,9 @@ type podState struct {
 	// gone is when the pod's connection closed, zero while connected: a
 	// pod gone for Options.PodTimeout leaves the index.
 	gone time.Time
+	// unsynced is set when the store failed to record the pod's stale mark
+	// (wantStale): it is recorded again every second until it is.
+	unsynced, wantStale bool
 }
 
 // run handles the messages of w.in, runs the functions of w.ctl between
@@ -67,8 +70,12 @@ func (w *worker) run(ctx context.Context) {
 		defer tick.Stop()
 		expire = tick.C
 	}
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
 	for {
 		select {
+		case <-retry.C:
+			w.resyncStale(ctx)
 		case m, ok := <-w.in:
 			if !ok {
 				return
@@ -351,8 +358,21 @@ func (w *worker) stale(ctx context.Context, st *podState, stale bool) {
 	if !stale {
 		st.suspect = false
 	}
+	st.unsynced, st.wantStale = false, stale
 	if err := w.p.ix.SetStale(ctx, st.name, stale); err != nil {
-		w.p.log.Warn("stale mark not recorded", "pod", st.name, "stale", stale, "err", err)
+		st.unsynced = true
+		w.p.log.Warn("stale mark not recorded: recorded again once the store takes it", "pod", st.name, "stale", stale, "err", err)
+	}
+}
+
+// resyncStale records again the stale marks the store failed to take (it
+// was unreachable), so that a pod whose batch was dropped is stale in the
+// store for every replica even when no later batch of it comes.
+func (w *worker) resyncStale(ctx context.Context) {
+	for _, st := range w.pods {
+		if st.unsynced && w.p.ix.SetStale(ctx, st.name, st.wantStale) == nil {
+			st.unsynced = false
+		}
 	}
 }
 
