@@ -37,9 +37,9 @@ var (
 	// ErrInvalidName is returned for an empty model or adapter name, or a
 	// key mode other than "engine" and "tokens".
 	ErrInvalidName = errors.New("store: invalid model state")
-	// ErrNotOwner is returned by Apply of a store shared by several
-	// prefixd processes when another process holds the pod's write lease:
-	// it applies the pod's stream, and the batch changed nothing. A lease
+	// ErrNotOwner is returned by Apply (and ForgetPod) of a store shared
+	// by several prefixd processes when another process holds the pod's
+	// write lease: it applies the pod's stream, and nothing changed. A lease
 	// lapses when its holder applies nothing of the pod for the store's
 	// lease time; the next process to apply a batch of the pod takes it.
 	// Stores of one process never return it.
