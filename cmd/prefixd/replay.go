@@ -14,7 +14,6 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/rpc/querybody"
-	"github.com/prefixd/prefixd/store/memory"
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -23,9 +22,14 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		hf      hashFlags
 		keyMode = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
 		query   = fs.String("query", "", "JSONL file of queries, each an OpenAI chat-completions or completions request body as sent,\nor a recorded request line {\"request\": {...}} (a recording's requests.jsonl)")
+		sf      storeFlags
 	)
 	hf.registerIndex(fs)
+	sf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := sf.validate(fs); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -43,14 +47,16 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defaultModel = "default"
 	}
 
-	st, err := memory.New(memory.Options{})
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ost, err := sf.open(ctx, nil, log)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = ost.close() }()
 	opts := indexer.DefaultOptions()
 	opts.Default = mo
 	opts.DefaultModel = defaultModel
-	ix, err := indexer.New(st, opts, nil, slog.New(slog.NewTextHandler(stderr, nil)))
+	ix, err := indexer.New(ost.Store, opts, nil, log)
 	if err != nil {
 		return err
 	}

@@ -189,7 +189,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	var (
 		hf       hashFlags
 		zf       zmqFlags
-		so       memory.Options
+		sf       storeFlags
 		keyMode  = fs.String("key-mode", "auto", "index keys: engine (the engine's hashes), tokens (prefixd's own chain over token_ids), or auto")
 		httpAddr = fs.String("http-addr", ":9090", "address of the HTTP server: /metrics, /healthz, /readyz, POST /v1/match, POST /v1/score,\nGET /v1/pods, GET /v1/stats")
 		grpcAddr = fs.String("grpc-addr", ":50051", "address of the gRPC server (prefixd.v1.IndexService, health, reflection)")
@@ -205,7 +205,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	limits.AddFlags(fs)
 	hf.registerIndex(fs)
 	zf.register(fs, true)
-	so.AddFlags(fs)
+	sf.register(fs)
 	fs.String("config", "", "YAML file of flag values (flag names as keys, lists for repeatable flags) and per-model\nhash settings under models:; the environment and the command line override it")
 	cfg, err := parseFlagsConfig(fs, args)
 	if err != nil {
@@ -243,6 +243,9 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err := il.validate(fs); err != nil {
 		return err
 	}
+	if err := sf.validate(fs); err != nil {
+		return err
+	}
 	defaultModel := hf.model
 	if defaultModel == "" {
 		defaultModel = "default"
@@ -254,11 +257,12 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	so.Registerer = reg
-	st, err := memory.New(so)
+	ost, err := sf.open(ctx, reg, log)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = ost.close() }()
+	st := ost.Store
 	opts := indexer.DefaultOptions()
 	mo.CacheBlocks = il.cacheBlocks
 	opts.Default = mo
@@ -301,13 +305,13 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 
-	api, err := rpc.New(ix, rpc.Options{Limits: limits, Metrics: rpc.NewMetrics(reg), Stats: newIngestRates(pipe, st), Log: log, Recovery: guard})
+	api, err := rpc.New(ix, rpc.Options{Limits: limits, Metrics: rpc.NewMetrics(reg), Stats: newIngestRates(pipe, ost.memory), Log: log, Recovery: guard})
 	if err != nil {
 		return err
 	}
 	var ready atomic.Bool
 	srv := &http.Server{
-		Handler: newServeMux(api.HTTPHandler(), reg, &ready),
+		Handler: newServeMux(api.HTTPHandler(), reg, &ready, ost.ping),
 		// A query body of the largest size takes well under a second on any
 		// network a router shares with prefixd; a client that trickles it,
 		// or sits on an idle connection, holds a connection and a share of
@@ -406,15 +410,23 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return runErr
 }
 
-func newServeMux(api http.Handler, reg *prometheus.Registry, ready *atomic.Bool) *http.ServeMux {
+// newServeMux serves the API, /metrics, /healthz and /readyz: ready once
+// started and while ping says the store can be reached.
+func newServeMux(api http.Handler, reg *prometheus.Registry, ready *atomic.Bool, ping func(context.Context) error) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ping(ctx); err != nil {
+			http.Error(w, "not ready: the store cannot be reached: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
@@ -453,7 +465,7 @@ func (l *indexLimits) validate(fs *flag.FlagSet) error {
 }
 
 // ingestRates gives the gRPC Stats method the pipeline's recent rates and
-// the store's memory estimate.
+// the in-memory store's memory estimate (none for Redis).
 type ingestRates struct {
 	pipe  *ingest.Pipeline
 	store *memory.Store
@@ -480,5 +492,9 @@ func (r *ingestRates) IngestStats() rpc.IngestStats {
 		r.lastEvts = float64(e-r.events) / dt
 		r.at, r.batches, r.events = now, b, e
 	}
-	return rpc.IngestStats{BatchesPerSecond: r.lastBatches, EventsPerSecond: r.lastEvts, MemoryBytes: uint64(r.store.Stats().Bytes)}
+	st := rpc.IngestStats{BatchesPerSecond: r.lastBatches, EventsPerSecond: r.lastEvts}
+	if r.store != nil {
+		st.MemoryBytes = uint64(r.store.Stats().Bytes)
+	}
+	return st
 }

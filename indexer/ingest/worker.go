@@ -170,7 +170,12 @@ func (w *worker) step(ctx context.Context, m *transport.Message, b *events.Batch
 	case b.Seq < st.applied:
 		p.m.resets.WithLabelValues(st.name).Inc()
 		p.log.Info("pod seq went backwards: engine restarted; resetting its blocks", "pod", st.name, "last_seq", st.applied, "seq", b.Seq)
-		if err := p.ix.Reset(ctx, st.name); err != nil {
+		if err := p.ix.Reset(ctx, st.name); errors.Is(err, store.ErrNotOwner) {
+			// The replica holding the pod's lease resets it.
+			p.m.notOwner.Inc()
+			st.loaded = false
+			return
+		} else if err != nil {
 			p.log.Warn("pod reset failed: pod marked stale", "pod", st.name, "err", err)
 			w.stale(ctx, st, true)
 			st.loaded = false
