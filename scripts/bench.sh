@@ -22,6 +22,10 @@ if [ "${BENCH_QUICK:-}" = 1 ]; then
 else
 	bench ./store/memory/ '^Benchmark(Lookup|LookupMapBaseline|LookupAdjacentBaseline|LookupPieces|Memory|Apply)$' 1s
 fi
+# The Redis store against a redis-server on loopback, started by the
+# benchmarks.
+bench ./store/redis/ '^BenchmarkRedis(Lookup|Apply)$' 1s
+bench ./store/redis/ '^BenchmarkRedisMemory$' 1x
 bench ./events/transport/ '^BenchmarkIngest$' 200000x
 bench ./indexer/ingest/ '^BenchmarkEndToEnd$' 50000x
 # prefixd serve as a process, under hostile input: memory and /metrics size.

@@ -67,6 +67,11 @@ var targets = []target{
 	{"#12", "the same, map form with a hybrid model's group_idx, kv_cache_spec_kind, sliding window, locality and ownership on every event (11 fields instead of 6)", "BenchmarkDecode/map-hybrid", "ns/event", 1e-3, "µs/event", true, math.Inf(1), "no target: the #12 target is the batch above"},
 	{"#12", "decode allocations per batch, hybrid map form", "BenchmarkDecode/map-hybrid", "allocs/op", 1, "allocs", true, 0, ""},
 	{"#12", "vLLM xxhash_cbor chain, 8k tokens (512 blocks of 16)", "BenchmarkChain/vllm-xxhash-cbor-512x16", "ns/op", 1e-3, "µs", true, math.Inf(1), "no target"},
+	{"#13", "Redis: lookup of a 512-block prompt, 1M blocks over 100 pods, loopback redis-server: p50", "BenchmarkRedisLookup/1M", "p50-ms", 1, "ms", true, 0.5, ""},
+	{"#13", "the same: p99", "BenchmarkRedisLookup/1M", "p99-ms", 1, "ms", true, 2, ""},
+	{"#13", "Redis: stores, batches of 64 blocks, 100 pods", "BenchmarkRedisApply/store/batch=64", "blocks/s", 1e-3, "k blocks/s", false, 300, ""},
+	{"#13", "Redis: removals, batches of 64 blocks", "BenchmarkRedisApply/remove/batch=64", "blocks/s", 1e-3, "k blocks/s", false, 300, ""},
+	{"#13", "Redis: memory per (pod, block), 1M one-holder blocks (INFO memory used_memory)", "BenchmarkRedisMemory/1M", "bytes/block", 1, "bytes/block", true, 150, ""},
 	{"#10", "prefixd serve's peak RSS under 300 concurrent 4 MiB /v1/match bodies", "BenchmarkQueryFlood", "peak-rss-MiB", 1, "MiB", true, 700 * 1e6 / (1 << 20), "700 MB; the query byte budget is 256 MiB"},
 	{"#10", "prefixd serve's /metrics after 20,000 topics, each a pod of its own", "BenchmarkManyTopicsMetrics", "metrics-bytes", 1e-6, "MB", true, 5 * (1 << 20) * 1e-6, "5 MiB; --max-pods keeps 4096 of the pods"},
 }
