@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Tier is the storage tier of one holder of a block. Lower tiers are faster.
@@ -134,6 +135,34 @@ type Batch struct {
 	// Seq is the publisher's sequence number of the batch.
 	Seq uint64
 	Ops []Op
+}
+
+// Validate checks a batch whole, as every Store does before any of it
+// applies: each op of a known kind, on a valid tier, Engine empty or as
+// long as Keys, a clear naming no blocks.
+func (b *Batch) Validate() error {
+	if b == nil {
+		return fmt.Errorf("%w: no batch", ErrInvalidBatch)
+	}
+	for i := range b.Ops {
+		op := &b.Ops[i]
+		switch op.Kind {
+		case OpAdd, OpRemove:
+			if op.Tier >= NumTiers {
+				return fmt.Errorf("%w: op %d (%v): tier %d, want below %d", ErrInvalidTier, i, op.Kind, op.Tier, NumTiers)
+			}
+			if len(op.Keys) > 0 && len(op.Engine) > 0 && len(op.Engine) != len(op.Keys) {
+				return fmt.Errorf("%w: op %d (%v): %d engine hashes for %d keys", ErrInvalidBatch, i, op.Kind, len(op.Engine), len(op.Keys))
+			}
+		case OpClear:
+			if len(op.Keys) > 0 || len(op.Engine) > 0 {
+				return fmt.Errorf("%w: op %d (clear): %d keys and %d engine hashes, want none", ErrInvalidBatch, i, len(op.Keys), len(op.Engine))
+			}
+		default:
+			return fmt.Errorf("%w: op %d: unknown kind %d", ErrInvalidBatch, i, op.Kind)
+		}
+	}
+	return nil
 }
 
 // OpKind says what an Op does.

@@ -27,7 +27,7 @@ func (s *Store) Apply(ctx context.Context, pod string, b *store.Batch) (store.Re
 	if err := check(ctx, pod); err != nil {
 		return store.Result{}, err
 	}
-	if err := validate(b); err != nil {
+	if err := b.Validate(); err != nil {
 		return store.Result{}, err
 	}
 	st, err := s.lockState(pod, true)
@@ -80,32 +80,6 @@ func (s *Store) Apply(ctx context.Context, pod string, b *store.Batch) (store.Re
 	st.hasSeq.Store(true)
 	res.AppliedSeq = b.Seq
 	return res, nil
-}
-
-// validate checks a batch whole, before any of it applies.
-func validate(b *store.Batch) error {
-	if b == nil {
-		return fmt.Errorf("%w: no batch", store.ErrInvalidBatch)
-	}
-	for i := range b.Ops {
-		op := &b.Ops[i]
-		switch op.Kind {
-		case store.OpAdd, store.OpRemove:
-			if op.Tier >= store.NumTiers {
-				return fmt.Errorf("%w: op %d (%v): tier %d, want below %d", store.ErrInvalidTier, i, op.Kind, op.Tier, store.NumTiers)
-			}
-			if len(op.Keys) > 0 && len(op.Engine) > 0 && len(op.Engine) != len(op.Keys) {
-				return fmt.Errorf("%w: op %d (%v): %d engine hashes for %d keys", store.ErrInvalidBatch, i, op.Kind, len(op.Engine), len(op.Keys))
-			}
-		case store.OpClear:
-			if len(op.Keys) > 0 || len(op.Engine) > 0 {
-				return fmt.Errorf("%w: op %d (clear): %d keys and %d engine hashes, want none", store.ErrInvalidBatch, i, len(op.Keys), len(op.Engine))
-			}
-		default:
-			return fmt.Errorf("%w: op %d: unknown kind %d", store.ErrInvalidBatch, i, op.Kind)
-		}
-	}
-	return nil
 }
 
 // addedKeys counts the blocks b's OpAdds name, for a batch refused whole.
