@@ -27,6 +27,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/tokenize"
 	"github.com/prefixd/prefixd/internal/fixture"
+	"github.com/prefixd/prefixd/internal/syncbuf"
 	"github.com/prefixd/prefixd/rpc/client"
 	"github.com/prefixd/prefixd/testutil/zmqpub"
 )
@@ -50,7 +51,7 @@ func TestEndToEnd(t *testing.T) {
 	zmqEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(os.Args[0], "serve", "--zmq-bind", zmqEP, "--grpc-addr", grpcAddr, "--http-addr", httpAddr)
 	cmd.Env = append(os.Environ(), "PREFIXD_TEST_RUN_MAIN=1")
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-func waitReady(t *testing.T, base string, stderr *lockedBuffer) {
+func waitReady(t *testing.T, base string, stderr *syncbuf.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

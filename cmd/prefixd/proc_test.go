@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/internal/syncbuf"
 	"github.com/prefixd/prefixd/testutil/zmqpub"
 )
 
@@ -24,7 +25,7 @@ type proc struct {
 	base   string // http://127.0.0.1:PORT
 	grpc   string // 127.0.0.1:PORT
 	zmq    string // tcp://127.0.0.1:PORT, bound
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{} // closed when the process has exited
 }
 
@@ -36,7 +37,7 @@ func startServe(t testing.TB, extra ...string) *proc {
 		base:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
 		grpc:   fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 		zmq:    fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)),
-		stderr: &lockedBuffer{},
+		stderr: &syncbuf.Buffer{},
 		exited: make(chan struct{}),
 	}
 	args := append([]string{"serve", "--zmq-bind", p.zmq, "--grpc-addr", p.grpc, "--http-addr", strings.TrimPrefix(p.base, "http://")}, extra...)

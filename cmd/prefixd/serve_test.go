@@ -11,38 +11,19 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/prefixd/prefixd/internal/fixture"
+	"github.com/prefixd/prefixd/internal/syncbuf"
 	"github.com/prefixd/prefixd/testutil/zmqpub"
 )
 
 // serveWait bounds every wait of these tests; reaching it means the
 // behaviour is missing, not slow.
 const serveWait = 20 * time.Second
-
-// lockedBuffer is a bytes.Buffer written by a command's goroutine and read
-// by the test.
-type lockedBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // freePort returns a loopback port nothing listens on now.
 func freePort(t testing.TB) int {
@@ -59,14 +40,14 @@ func freePort(t testing.TB) int {
 type started struct {
 	cancel context.CancelFunc
 	done   chan int
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 }
 
 // startCmd runs a command in a goroutine until stop.
 func startCmd(t *testing.T, args ...string) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &started{cancel: cancel, done: make(chan int, 1), stderr: &lockedBuffer{}}
+	s := &started{cancel: cancel, done: make(chan int, 1), stderr: &syncbuf.Buffer{}}
 	go func() { s.done <- run(ctx, args, io.Discard, s.stderr) }()
 	t.Cleanup(func() {
 		cancel()

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/syncbuf"
 )
 
 // TestMain runs prefixd's own main instead of the tests when the test
@@ -29,7 +31,7 @@ func TestSIGTERM(t *testing.T) {
 	zmqAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(os.Args[0], "serve", "--grpc-addr", "127.0.0.1:0", "--zmq-bind", zmqAddr, "--http-addr", httpAddr)
 	cmd.Env = append(os.Environ(), "PREFIXD_TEST_RUN_MAIN=1")
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

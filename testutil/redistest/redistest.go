@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/syncbuf"
 )
 
 // The Debian binaries scripts/test-deps.sh installs; a redis-server first
@@ -61,7 +63,7 @@ type Process struct {
 	mu     sync.Mutex // guards cmd, exited and log
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd's Wait returned
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 }
 
 // Server starts a redis-server and returns its URL, "redis://127.0.0.1:N".
@@ -133,7 +135,7 @@ func (p *Process) launch() error {
 	}
 	args = append(args, p.args...)
 	cmd := exec.Command(RedisServer, args...)
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", RedisServer, err)
@@ -384,21 +386,4 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/syncbuf"
 )
 
 // Python is the interpreter that has pyzmq (Debian's python3-zmq); the
@@ -35,7 +37,7 @@ type Publisher struct {
 	lines chan string   // stdout lines; closed when stdout ends
 	read  chan struct{} // closed when the stdout reader has returned
 	// stderr collects the script's standard error for failure messages.
-	stderr syncBuffer
+	stderr syncbuf.Buffer
 
 	mu     sync.Mutex // serializes commands and Stop/Kill
 	exited bool
@@ -296,22 +298,4 @@ func short(line string) string {
 		return line[:80] + "..."
 	}
 	return line
-}
-
-// syncBuffer is a bytes.Buffer safe for the exec copier and readers.
-type syncBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
