@@ -269,3 +269,17 @@ func TestStoreFlag(t *testing.T) {
 		t.Errorf("unreachable store: exit %d: %s", code, errOut)
 	}
 }
+
+// prefixd replay --store loads an index into Redis from recordings; a
+// prefixd serve on the same Redis then answers as replay does, without an
+// event of its own.
+func TestReplayLoadsRedis(t *testing.T) {
+	path := fixture.Path(t, "a_array_random_seedless", "events.jsonl")
+	want := replayQuery(t, path)
+	url := redistest.Server(t)
+	if code, _, errOut := runCmd(t, "replay", "--store", url, path); code != 0 {
+		t.Fatalf("replay --store: exit %d: %s", code, errOut)
+	}
+	s := startServe(t, "--store", url)
+	wantAnswers(t, s, want, "serve on the Redis replay loaded")
+}
