@@ -283,3 +283,41 @@ func TestReplayLoadsRedis(t *testing.T) {
 	s := startServe(t, "--store", url)
 	wantAnswers(t, s, want, "serve on the Redis replay loaded")
 }
+
+// Two replicas receive the same publishers (as with vLLM, which every
+// replica connects to): the one holding a pod's lease applies its stream,
+// and the other's connection closing does not mark the pod stale for
+// everyone: the pod's stale mark is the lease holder's to set.
+func TestServeNonOwnerConnectionCloseLeavesPodsConsistent(t *testing.T) {
+	path := fixture.Path(t, "a_array_random_seedless", "events.jsonl")
+	zmqpub.Require(t)
+	msgs := liveMessages(t, path)
+	url := redistest.Server(t)
+	a := startServe(t, "--store", url)
+	b := startServe(t, "--store", url)
+	pub := zmqpub.Start(t)
+	pub.Connect(a.zmq)
+	pub.WaitSubscribed()
+	raw := dialRaw(t, b.zmq, "127.0.0.1")
+	for i, m := range msgs {
+		// The first replica applies each batch before the second gets
+		// it: the first holds every pod's lease.
+		pub.Send(m.Frames...)
+		a.waitUntil(t, "the batch applied by the first replica", func() bool {
+			return a.metric(t, "prefixd_batches_applied_total") == float64(i+1)
+		})
+		raw.send(t, m.Frames...)
+	}
+	b.waitUntil(t, "the second replica left every batch to the first", func() bool {
+		return b.metric(t, "prefixd_batches_not_owner_total")+b.metric(t, "prefixd_batches_duplicate_total") == float64(len(msgs))
+	})
+	_ = raw.c.Close()
+	b.waitUntil(t, "the second replica handled its connection closing", func() bool {
+		return strings.Contains(b.stderr.String(), "publisher connection closed")
+	})
+	for _, sp := range servedPods(a.base) {
+		if sp.Stale {
+			t.Errorf("pod %s stale after another replica's connection closed", sp.Name)
+		}
+	}
+}

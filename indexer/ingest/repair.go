@@ -21,9 +21,13 @@ import (
 func (w *worker) repair(ctx context.Context, m *transport.Message, b *events.Batch, src indexer.Source, st *podState, from uint64, fromFirst bool) {
 	p := w.p
 	ep := p.replayEndpoint(m.Source, st.name)
+	tried := time.Now()
 	result, rerr := w.replay(ctx, ep, b.Topic, src, st, from, b.Seq, fromFirst)
 	if err := w.apply(ctx, b, src, st); err != nil && result == ReplayOK {
 		result = ReplayIncomplete
+	}
+	if st.hasLeft && !st.leftAt.Before(tried) {
+		return // the batches are another replica's, which holds the pod's lease
 	}
 	w.repaired(ctx, st, ep, from, b.Seq, m.Resync, result, rerr)
 }

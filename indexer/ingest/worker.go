@@ -40,6 +40,11 @@ type podState struct {
 	name   string
 	source string // transport.Message.Source of the pod's last message
 	peer   string // transport.Message.Peer of the pod's last message
+	// seen is the seq of the pod's last live batch this process received,
+	// when hasSeen: the pod's stream as this replica sees it, which may
+	// trail the applied seq another replica sharing the store recorded.
+	seen    uint64
+	hasSeen bool
 	// checked is the peer last found to be at the address the topic names.
 	checked    string
 	loaded     bool   // applied and hasApplied were read from the store
@@ -155,6 +160,7 @@ func (w *worker) handle(ctx context.Context, m *transport.Message) {
 		st.applied, st.hasApplied, st.loaded = seq, ok, true
 	}
 	w.step(ctx, m, b, src, st)
+	st.seen, st.hasSeen = b.Seq, true
 }
 
 // step applies batch b of a pod after what its seq says of the ones
@@ -165,6 +171,10 @@ func (w *worker) step(ctx context.Context, m *transport.Message, b *events.Batch
 	case !st.hasApplied:
 		w.first(ctx, m, b, src, st)
 	case b.Seq == st.applied:
+		p.m.duplicates.Inc()
+	case b.Seq < st.applied && st.hasSeen && b.Seq > st.seen:
+		// This replica's view of the stream moves on, behind what
+		// another replica sharing the store applied: not a restart.
 		p.m.duplicates.Inc()
 	case b.Seq < st.applied:
 		p.m.resets.WithLabelValues(st.name).Inc()
@@ -336,7 +346,16 @@ func (w *worker) closed(ctx context.Context, m *transport.Message) {
 		if st.source != m.Source || st.peer != m.Peer {
 			continue
 		}
-		st.suspect, st.gone = true, now
+		st.gone = now
+		if st.hasLeft {
+			// Another replica holds the pod's lease and applies its
+			// stream over its own connection: the pod's stale mark in
+			// the shared store is that replica's to set.
+			w.p.log.Info("publisher connection closed; the pod's stale mark is left to the replica holding its lease",
+				"pod", st.name, "source", m.Source, "peer", m.Peer)
+			continue
+		}
+		st.suspect = true
 		w.stale(ctx, st, true)
 		w.p.log.Info("publisher connection closed: pod stale until its next batch shows that nothing was missed",
 			"pod", st.name, "source", m.Source, "peer", m.Peer)
