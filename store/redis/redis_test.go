@@ -412,3 +412,51 @@ func hlen(url, key string) (int, error) {
 	}
 	return 0, fmt.Errorf("no node holds %s", key)
 }
+
+// A batch clearing a pod of more blocks than one script takes at a time
+// (the clear goes a chunk a script ahead of the batch's own) ends as the
+// batch says, on one node and on a cluster; the same batch again is a
+// duplicate and changes nothing.
+func TestLargeClear(t *testing.T) {
+	for _, kind := range []string{"single", "cluster"} {
+		t.Run(kind, func(t *testing.T) {
+			url := redistest.Server(t)
+			if kind == "cluster" {
+				url = redistest.Cluster(t)
+			}
+			s := newStore(t, url, redis.Options{})
+			ctx := context.Background()
+			const pod, n = "10.0.0.1:8000", 5000
+			keys := storetest.Keys(7, n)
+			if _, err := s.Apply(ctx, pod, &store.Batch{Seq: 1, Ops: []store.Op{{Kind: store.OpAdd, Tier: store.TierGPU, Keys: keys}}}); err != nil {
+				t.Fatal(err)
+			}
+			other := []uint64{1, 2}
+			b := &store.Batch{Seq: 2, Ops: []store.Op{
+				{Kind: store.OpAdd, Tier: store.TierGPU, Keys: other[:1]},
+				{Kind: store.OpClear},
+				{Kind: store.OpAdd, Tier: store.TierCPU, Keys: other[1:]},
+			}}
+			res, err := s.Apply(ctx, pod, b)
+			if err != nil || res.Duplicate || res.AppliedSeq != 2 {
+				t.Fatalf("Apply = %+v, %v", res, err)
+			}
+			again, err := s.Apply(ctx, pod, b)
+			if err != nil || !again.Duplicate {
+				t.Fatalf("Apply again = %+v, %v; want a duplicate", again, err)
+			}
+			pods, err := s.Pods(ctx)
+			if err != nil || len(pods) != 1 || pods[0].Blocks != 1 || pods[0].AppliedSeq != 2 {
+				t.Fatalf("Pods = %+v, %v; want one block at seq 2", pods, err)
+			}
+			m, err := s.Lookup(ctx, []uint64{keys[0]}, nil, nil)
+			if err != nil || len(m) != 0 {
+				t.Fatalf("a cleared block is still held: %+v, %v", m, err)
+			}
+			m, err = s.Lookup(ctx, other[1:], nil, nil)
+			if err != nil || len(m) != 1 || m[0].TierBlocks[store.TierCPU] != 1 {
+				t.Fatalf("the block added after the clear: %+v, %v", m, err)
+			}
+		})
+	}
+}

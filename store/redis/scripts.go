@@ -589,7 +589,47 @@ end
 return {'done'}
 `)
 
+// clearChunkScript takes up to a chunk of a pod's blocks away, ahead of a
+// batch that clears the pod on a single node, so that the batch's own
+// script, which clears whatever is left, does not hold the server for the
+// time a large pod's clear takes. It checks what applyScript checks first
+// (pod id, lease, seq fence) and changes nothing when a check fails; the
+// blocks it takes away are the clear's, which the batch's script then
+// finishes (a batch failing after it is applied again from its seq, and
+// converges).
+//
+// KEYS: state, lease, pod id hash. ARGV: owner, lease ms, seq, pod id,
+// membership prefix, block prefix, chunk, pod name.
+//
+// Returns {'more'}, {'done'} (no block left), {'dup', applied seq},
+// {'owner', other} or {'id', id}.
+var clearChunkScript = goredis.NewScript(luaPrelude + `
+local sk, lk = KEYS[1], KEYS[2]
+local id, mp, bp = ARGV[4], ARGV[5], ARGV[6]
+local cur = redis.call('HGET', KEYS[3], ARGV[8])
+if cur ~= id then return {'id', cur or ''} end
+local other = lease(lk, ARGV[1], ARGV[2])
+if other then return {'owner', other} end
+local q = redis.call('HGET', sk, 'q')
+if q and seqle(ARGV[3], q) then return {'dup', q} end
+local left = tonumber(ARGV[7])
+local popped = 0
+for x = 0, 255 do
+  local ms = redis.call('SPOP', mp .. string.format('%02x', x), left)
+  for j = 1, #ms do redis.call('HDEL', bp .. dec2hex(ms[j]), id) end
+  popped = popped + #ms
+  left = left - #ms
+  if left == 0 then break end
+end
+if popped > 0 then
+  local n = tonumber(redis.call('HGET', sk, 'n') or '0') - popped
+  if n > 0 then redis.call('HSET', sk, 'n', n) else redis.call('HDEL', sk, 'n') end
+end
+if left == 0 then return {'more'} end
+return {'done'}
+`)
+
 var allScripts = []*goredis.Script{
 	applyScript, lookupScript, engineKeysScript, forgetScript, sweepScript, podIDScript, firstWinsScript,
-	beginScript, endScript, chunkScript,
+	beginScript, endScript, chunkScript, clearChunkScript,
 }

@@ -47,6 +47,17 @@ func (s *Store) applySingleOnce(ctx context.Context, pod string, b *store.Batch,
 		return store.Result{}, err
 	}
 	pk := s.keys.forPod(pod)
+	if hasClear(b) {
+		switch r, err := s.clearChunks(ctx, pod, id, b.Seq); {
+		case err != nil:
+			return store.Result{}, err
+		case r != nil && r.str(0) == "id" && !retried:
+			s.lostIDs(pod, id, r.str(1))
+			return s.applySingleOnce(ctx, pod, b, true)
+		case r != nil:
+			return scriptResult(pod, b, *r)
+		}
+	}
 	n := 8
 	for i := range b.Ops {
 		n += 2 + 3*max(len(b.Ops[i].Keys), len(b.Ops[i].Engine))
@@ -92,6 +103,40 @@ func (s *Store) applySingleOnce(ctx context.Context, pod string, b *store.Batch,
 		return s.applySingleOnce(ctx, pod, b, true)
 	}
 	return scriptResult(pod, b, r)
+}
+
+func hasClear(b *store.Batch) bool {
+	for i := range b.Ops {
+		if b.Ops[i].Kind == store.OpClear {
+			return true
+		}
+	}
+	return false
+}
+
+// clearChunks takes a clearing batch's pod's blocks away a chunk a script
+// (clearChunkScript) until none is left; it returns the reply of a check
+// that failed (the batch is a duplicate, another process holds the lease,
+// the pod's id changed), nil when the batch's script may run.
+func (s *Store) clearChunks(ctx context.Context, pod, id string, seq uint64) (*reply, error) {
+	pk := s.keys.forPod(pod)
+	for {
+		r, err := asReply(s.run(ctx, clearChunkScript, []string{pk.state, pk.lease, s.keys.podid},
+			s.o.Owner, millis(s.o.LeaseTTL), seqArg(seq), id, pk.members, s.keys.block, forgetChunk, pod).Result())
+		if err != nil {
+			return nil, err
+		}
+		switch r.str(0) {
+		case "done":
+			return nil, nil
+		case "more":
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		default:
+			return &r, nil
+		}
+	}
 }
 
 // scriptResult reads the reply of applyScript.
