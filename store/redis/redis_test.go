@@ -387,8 +387,15 @@ func testEngineMapBound(t *testing.T, url string) {
 		t.Fatal(err)
 	}
 	// The sweep runs while the map is over twice the blocks held plus
-	// 256 when pairs are added (150 blocks then), a batch behind at most.
-	if limit := 2*(len(held)+100) + 256 + 100; n > limit {
+	// 256 when pairs are added (150 blocks then), a batch behind at most;
+	// on a cluster, where the swept pairs are dropped in a batch's last
+	// step, after its block writes, and HSCAN's counts are hints, up to
+	// two more batches' pairs (seen: 731).
+	limit := 2*(len(held)+100) + 256 + 100
+	if strings.HasPrefix(url, "redis-cluster://") {
+		limit += 2 * 100
+	}
+	if n > limit {
 		t.Fatalf("engine map of a pod of %d blocks has %d pairs after 6000 added and removed, want at most %d", len(held), n, limit)
 	}
 	keys, found, err := s.EngineKeys(context.Background(), "p", storetest.Keys(120, 50), nil, nil)
