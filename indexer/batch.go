@@ -30,7 +30,8 @@ type batcher struct {
 	copyCounts   int // blocks of removals whose remaining_copy_counts did not fit
 	unknownMedia int
 	// removedKeys holds the hashes of removals left after dropping those
-	// with copies remaining; ops point into it.
+	// with copies remaining; ops point into it (an append that moves it
+	// leaves the earlier ops their own copy).
 	removedKeys []uint64
 }
 
@@ -65,15 +66,6 @@ func (bt *batcher) build(ctx context.Context, ix *Indexer, p *pod, mode KeyMode,
 			bt.keys = make([]uint64, 0, n)
 		}
 		bt.keys = bt.keys[:0]
-	}
-	n := 0
-	for i := range b.Events {
-		if b.Events[i].Kind == events.KindBlockRemoved {
-			n += len(b.Events[i].BlockHashes)
-		}
-	}
-	if cap(bt.removedKeys) < n {
-		bt.removedKeys = make([]uint64, 0, n)
 	}
 	for i := range b.Events {
 		e := &b.Events[i]

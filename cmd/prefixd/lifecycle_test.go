@@ -24,19 +24,11 @@ import (
 // liveMessages returns the live messages of a recording, in order.
 func liveMessages(t *testing.T, path string) []recording.Message {
 	t.Helper()
-	r, err := recording.Open(path)
+	msgs, err := recording.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	var out []recording.Message
-	for m, err := range r.All() {
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, m)
-	}
-	return out
+	return msgs
 }
 
 // prefixd restarts while its publishers go on, the publishers keeping

@@ -231,6 +231,24 @@ func (r *Reader) All() iter.Seq2[Message, error] {
 	}
 }
 
+// ReadFile returns every message of the recording at path, in order, or
+// the first error reading it (a record that does not parse, a torn tail).
+func ReadFile(path string) ([]Message, error) {
+	r, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	var out []Message
+	for m, err := range r.All() {
+		if err != nil {
+			return out, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 // parse parses one record from the buffer. n > 0 when a record was
 // consumed (err then concerns that record alone); n == 0 with errNeedMore
 // when more input is needed, or with another error that is sticky.

@@ -541,3 +541,39 @@ func closeReader(tb testing.TB, r *Reader) {
 		tb.Error(err)
 	}
 }
+
+// ReadFile returns every message in order, and the messages before a torn
+// tail with the error.
+func TestReadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.rec")
+	w, err := Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := w.Append(Message{Frames: [][]byte{[]byte("kv@127.0.0.1:8000@m"), {0, 0, 0, 0, 0, 0, 0, byte(i + 1)}, {0x90}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := ReadFile(path)
+	if err != nil || len(msgs) != 3 || msgs[2].Seq[7] != 3 {
+		t.Fatalf("ReadFile = %d messages, %v", len(msgs), err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()-2); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err = ReadFile(path)
+	if !errors.Is(err, ErrTornTail) || len(msgs) != 2 {
+		t.Fatalf("torn: ReadFile = %d messages, %v; want 2 and ErrTornTail", len(msgs), err)
+	}
+	if _, err := ReadFile(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Fatal("ReadFile of a missing file: no error")
+	}
+}

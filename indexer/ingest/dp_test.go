@@ -30,19 +30,11 @@ func (r replayFiles) Replay(ctx context.Context, endpoint string, start uint64, 
 
 func readReplay(t *testing.T, path string) []recording.Message {
 	t.Helper()
-	r, err := recording.Open(path)
+	msgs, err := recording.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	var out []recording.Message
-	for m, err := range r.All() {
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, m)
-	}
-	return out
+	return msgs
 }
 
 // Recording c: a data-parallel sim whose two ranks publish on their own

@@ -60,17 +60,13 @@ func recordingA(t testing.TB) string {
 // source src.
 func readMessages(t testing.TB, path, src string) []transport.Message {
 	t.Helper()
-	r, err := recording.Open(path)
+	msgs, err := recording.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	var out []transport.Message
-	for m, err := range r.All() {
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, transport.Message{Source: src, Peer: "127.0.0.1:40000", RecvTime: m.RecvTime, Frames: m.Frames})
+	out := make([]transport.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = transport.Message{Source: src, Peer: "127.0.0.1:40000", RecvTime: m.RecvTime, Frames: m.Frames}
 	}
 	return out
 }

@@ -12,9 +12,10 @@ import (
 
 	"github.com/prefixd/prefixd/store"
 	"github.com/prefixd/prefixd/store/memory"
+	"github.com/prefixd/prefixd/store/storetest"
 )
 
-// The benchmark shape: 100 pods, distinct prompts of 512 blocks, each
+// The benchmark shape is storetest's: 100 pods, distinct prompts of 512 blocks, each
 // prompt held whole by one pod, so a lookup of a prompt walks all of it.
 // Run on one core:
 //
@@ -25,34 +26,10 @@ import (
 // The 10M cases build ten million blocks (seconds, about 330 MB), once per
 // process; plain go test runs none of this.
 const (
-	benchPods   = 100
-	promptLen   = 512
+	benchPods   = storetest.BenchPods
+	promptLen   = storetest.BenchPromptLen
 	benchApplyN = 1 << 20
 )
-
-var podNames = func() []string {
-	n := make([]string, benchPods)
-	for i := range n {
-		n[i] = fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
-	}
-	return n
-}()
-
-// promptKeys writes prompt p's keys into buf.
-func promptKeys(buf []uint64, p int) []uint64 {
-	buf = buf[:promptLen]
-	for j := range buf {
-		buf[j] = splitmix(uint64(p)<<20 | uint64(j))
-	}
-	return buf
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	return x ^ x>>31
-}
 
 // fill adds blocks/promptLen prompts to s, prompt p held by pod p%100,
 // a batch a prompt.
@@ -60,14 +37,14 @@ func fill(tb testing.TB, s store.Store, blocks int) {
 	buf := make([]uint64, promptLen)
 	var ap applier
 	for p := range blocks / promptLen {
-		ap.apply(tb, s, p%benchPods, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: promptKeys(buf, p)})
+		ap.apply(tb, s, p%benchPods, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: storetest.PromptKeys(buf, p)})
 	}
 }
 
 // applier applies ops to the benchmark's pods, an op a batch, each pod's
 // batches at consecutive seqs. It allocates nothing.
 type applier struct {
-	names []string // podNames when nil
+	names []string // storetest.BenchPodNames when nil
 	seqs  []uint64 // by pod index
 	b     store.Batch
 	ops   [1]store.Op
@@ -77,7 +54,7 @@ type applier struct {
 func (ap *applier) apply(tb testing.TB, s store.Store, pod int, op store.Op) store.Result {
 	names := ap.names
 	if names == nil {
-		names = podNames
+		names = storetest.BenchPodNames
 	}
 	if ap.seqs == nil {
 		ap.seqs = make([]uint64, len(names))
@@ -102,7 +79,7 @@ type benchIndex struct {
 // not timed: a lookup's own keys are in cache, as the indexer just
 // computed them, but the index is not.
 func (ix *benchIndex) query(rng *rand.Rand, buf []uint64) []uint64 {
-	return promptKeys(buf, rng.IntN(ix.prompts))
+	return storetest.PromptKeys(buf, rng.IntN(ix.prompts))
 }
 
 var (
@@ -132,7 +109,7 @@ func index(b *testing.B, blocks int, withMap bool) *benchIndex {
 		ix.m = make(map[uint64]uint16, blocks)
 		buf := make([]uint64, promptLen)
 		for p := range blocks / promptLen {
-			for _, k := range promptKeys(buf, p) {
+			for _, k := range storetest.PromptKeys(buf, p) {
 				ix.m[k] = uint16(p % benchPods)
 			}
 		}
@@ -213,7 +190,7 @@ func BenchmarkLookupPieces(b *testing.B) {
 			var ap applier
 			for at := 0; at < promptLen; at += piece {
 				for p := range prompts {
-					all := promptKeys(buf, p)
+					all := storetest.PromptKeys(buf, p)
 					op := store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: all[at : at+piece]}
 					if bc.chained && at > 0 {
 						op.Parent, op.HasParent = all[at-1], true
@@ -234,7 +211,7 @@ func BenchmarkLookupCached(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	q := promptKeys(make([]uint64, promptLen), 0)
+	q := storetest.PromptKeys(make([]uint64, promptLen), 0)
 	var ap applier
 	ap.apply(b, s, 0, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: q})
 	out := make([]store.Match, 0, 1)
@@ -263,7 +240,7 @@ func BenchmarkLookupNearCapacity(b *testing.B) {
 // BenchmarkLookupFiltered is BenchmarkLookup/1M with all 100 pods named as
 // candidates.
 func BenchmarkLookupFiltered(b *testing.B) {
-	timeLookups(b, index(b, 1<<20, false), podNames)
+	timeLookups(b, index(b, 1<<20, false), storetest.BenchPodNames)
 }
 
 // BenchmarkLookupMapBaseline walks the same queries through a plain
@@ -325,9 +302,9 @@ func newAdjacentIndex(blocks int) *adjacentIndex {
 	ix := &adjacentIndex{recs: make([]adjacentRec, 0, blocks), slot: make([]uint64, n), mask: n - 1}
 	buf := make([]uint64, promptLen)
 	for p := range blocks / promptLen {
-		for _, k := range promptKeys(buf, p) {
+		for _, k := range storetest.PromptKeys(buf, p) {
 			ix.recs = append(ix.recs, adjacentRec{k, uint64(p % benchPods)})
-			j := splitmix(k) & ix.mask
+			j := storetest.Mix(k) & ix.mask
 			for ix.slot[j] != 0 {
 				j = (j + 1) & ix.mask
 			}
@@ -338,7 +315,7 @@ func newAdjacentIndex(blocks int) *adjacentIndex {
 }
 
 func (ix *adjacentIndex) find(k uint64) (int, bool) {
-	for j := splitmix(k) & ix.mask; ix.slot[j] != 0; j = (j + 1) & ix.mask {
+	for j := storetest.Mix(k) & ix.mask; ix.slot[j] != 0; j = (j + 1) & ix.mask {
 		if r := int(ix.slot[j] - 1); ix.recs[r].key == k {
 			return r, true
 		}
@@ -383,7 +360,7 @@ func BenchmarkLookupAdjacentBaseline(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				q := promptKeys(buf, rng.IntN(prompts))
+				q := storetest.PromptKeys(buf, rng.IntN(prompts))
 				t0 := time.Now()
 				n := ix.walk(q)
 				d[i] = time.Since(t0)
@@ -410,7 +387,7 @@ func BenchmarkApply(b *testing.B) {
 			}
 			keys := func(buf []uint64, n int) []uint64 {
 				for j := range buf {
-					buf[j] = splitmix(uint64(n*batch + j))
+					buf[j] = storetest.Mix(uint64(n*batch + j))
 				}
 				return buf
 			}
@@ -446,7 +423,7 @@ func BenchmarkApplyFull(b *testing.B) {
 // much as the 100 others together: it is over its fair share, and its own
 // blocks make room.
 func BenchmarkApplyFullFlood(b *testing.B) {
-	names := append(slices.Clone(podNames), "flood")
+	names := append(slices.Clone(storetest.BenchPodNames), "flood")
 	benchApplyFull(b, names, func(n int) int {
 		if n%2 == 0 {
 			return benchPods
@@ -467,7 +444,7 @@ func BenchmarkApplyFullManyPods(b *testing.B) {
 }
 
 // benchApplyFull fills a store of 1Mi blocks twice over, then adds b.N
-// batches of 16 new blocks, batch n by names[pod(n)] (podNames when
+// batches of 16 new blocks, batch n by names[pod(n)] (storetest.BenchPodNames when
 // names is nil).
 func benchApplyFull(b *testing.B, names []string, pod func(n int) int) {
 	const batch = 16
@@ -479,7 +456,7 @@ func benchApplyFull(b *testing.B, names []string, pod func(n int) int) {
 	ap := applier{names: names}
 	addN := func(n int) {
 		for j := range buf {
-			buf[j] = splitmix(uint64(n*batch + j))
+			buf[j] = storetest.Mix(uint64(n*batch + j))
 		}
 		ap.apply(b, s, pod(n), store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: buf})
 	}
@@ -542,7 +519,7 @@ func BenchmarkMemoryEnginePairs(b *testing.B) {
 		buf, eng := make([]uint64, promptLen), make([]uint64, promptLen)
 		var ap applier
 		for p := range blocks / promptLen {
-			op := store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: promptKeys(buf, p)}
+			op := store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: storetest.PromptKeys(buf, p)}
 			if pairs {
 				for j, k := range op.Keys {
 					eng[j] = ^k

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixd/prefixd/store"
 	"github.com/prefixd/prefixd/store/redis"
+	"github.com/prefixd/prefixd/store/storetest"
 	"github.com/prefixd/prefixd/testutil/redistest"
 )
 
@@ -26,37 +27,13 @@ import (
 //
 // plain go test runs none of this.
 const (
-	benchPods   = 100
-	promptLen   = 512
+	benchPods   = storetest.BenchPods
+	promptLen   = storetest.BenchPromptLen
 	benchBlocks = 1 << 20
 	// loaders is how many goroutines load an index: Redis runs one script
 	// at a time, and a few connections keep it busy.
 	loaders = 8
 )
-
-var podNames = func() []string {
-	n := make([]string, benchPods)
-	for i := range n {
-		n[i] = fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
-	}
-	return n
-}()
-
-// promptKeys writes prompt p's keys into buf.
-func promptKeys(buf []uint64, p int) []uint64 {
-	buf = buf[:promptLen]
-	for j := range buf {
-		buf[j] = splitmix(uint64(p)<<20 | uint64(j))
-	}
-	return buf
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	return x ^ x>>31
-}
 
 // applier applies batches to the benchmark's pods at consecutive seqs.
 type applier struct {
@@ -100,7 +77,7 @@ func fill(tb testing.TB, s store.Store, blocks int) time.Duration {
 	parallel(loaders, func(w int) {
 		buf := make([]uint64, promptLen)
 		for p := w; p < blocks/promptLen; p += loaders {
-			ap.apply(tb, s, podNames[p%benchPods], store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: promptKeys(buf, p)})
+			ap.apply(tb, s, storetest.BenchPodNames[p%benchPods], store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: storetest.PromptKeys(buf, p)})
 		}
 	})
 	return time.Since(start)
@@ -136,7 +113,7 @@ func BenchmarkRedisLookup(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		pods []string
-	}{{"1M", nil}, {"1M/filtered", podNames}} {
+	}{{"1M", nil}, {"1M/filtered", storetest.BenchPodNames}} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
 			out := make([]store.Match, 0, benchPods)
@@ -146,7 +123,7 @@ func BenchmarkRedisLookup(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				q := promptKeys(buf, rng.IntN(benchBlocks/promptLen))
+				q := storetest.PromptKeys(buf, rng.IntN(benchBlocks/promptLen))
 				t0 := time.Now()
 				var err error
 				out, err = s.Lookup(ctx, q, bc.pods, out)
@@ -173,7 +150,7 @@ func BenchmarkRedisApply(b *testing.B) {
 		keys := func(n int) []uint64 {
 			ks := make([]uint64, batch)
 			for j := range ks {
-				ks[j] = splitmix(uint64(n*batch+j) | 1<<40)
+				ks[j] = storetest.Mix(uint64(n*batch+j) | 1<<40)
 			}
 			return ks
 		}
@@ -184,7 +161,7 @@ func BenchmarkRedisApply(b *testing.B) {
 			parallel(loaders, func(w int) {
 				for i := w; i < b.N; i += loaders {
 					n := from + i
-					pod := podNames[n%benchPods]
+					pod := storetest.BenchPodNames[n%benchPods]
 					if kind == store.OpAdd {
 						ap.apply(b, s, pod, store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: stored[n]})
 					} else if res := ap.apply(b, s, pod, store.Op{Kind: store.OpRemove, Tier: store.TierGPU, Keys: stored[n]}); res.Removed != batch {
@@ -211,7 +188,7 @@ func BenchmarkRedisApply(b *testing.B) {
 					stored = append(stored, keys(n))
 				}
 				for n := added; n < b.N; n++ {
-					ap.apply(b, s, podNames[n%benchPods], store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: stored[n]})
+					ap.apply(b, s, storetest.BenchPodNames[n%benchPods], store.Op{Kind: store.OpAdd, Tier: store.TierGPU, Keys: stored[n]})
 				}
 				added = b.N
 			}

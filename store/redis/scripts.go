@@ -54,6 +54,26 @@ end
 
 -- lease takes or refreshes the lease lk for owner, or returns the other
 -- owner holding it.
+-- dropHoldings takes up to left of pod id's holdings away: members popped
+-- from its buckets (prefix mp), their holders' fields deleted (block
+-- prefix bp), its count n in state sk kept. It returns how much of left
+-- is unused: 0 when the chunk was full and holdings may remain.
+local function dropHoldings(sk, mp, bp, id, left)
+  local popped = 0
+  for x = 0, 255 do
+    local ms = redis.call('SPOP', mp .. string.format('%02x', x), left)
+    for j = 1, #ms do redis.call('HDEL', bp .. dec2hex(ms[j]), id) end
+    popped = popped + #ms
+    left = left - #ms
+    if left == 0 then break end
+  end
+  if popped > 0 then
+    local n = tonumber(redis.call('HGET', sk, 'n') or '0') - popped
+    if n > 0 then redis.call('HSET', sk, 'n', n) else redis.call('HDEL', sk, 'n') end
+  end
+  return left
+end
+
 local function lease(lk, owner, ms)
   local cur = redis.call('GET', lk)
   if cur and cur ~= owner then return cur end
@@ -374,19 +394,7 @@ local cur = redis.call('HGET', KEYS[4], ARGV[7])
 if cur ~= id then return {'id', cur or ''} end
 local other = lease(lk, ARGV[1], ARGV[2])
 if other then return {'owner', other} end
-local left = tonumber(ARGV[6])
-local popped = 0
-for x = 0, 255 do
-  local ms = redis.call('SPOP', mp .. string.format('%02x', x), left)
-  for j = 1, #ms do redis.call('HDEL', bp .. dec2hex(ms[j]), id) end
-  popped = popped + #ms
-  left = left - #ms
-  if left == 0 then
-    local n = tonumber(redis.call('HGET', sk, 'n') or '0') - popped
-    if n > 0 then redis.call('HSET', sk, 'n', n) else redis.call('HDEL', sk, 'n') end
-    return {'more'}
-  end
-end
+if dropHoldings(sk, mp, bp, id, tonumber(ARGV[6])) == 0 then return {'more'} end
 redis.call('UNLINK', ek)
 redis.call('DEL', sk)
 return {'done'}
@@ -612,20 +620,7 @@ local other = lease(lk, ARGV[1], ARGV[2])
 if other then return {'owner', other} end
 local q = redis.call('HGET', sk, 'q')
 if q and seqle(ARGV[3], q) then return {'dup', q} end
-local left = tonumber(ARGV[7])
-local popped = 0
-for x = 0, 255 do
-  local ms = redis.call('SPOP', mp .. string.format('%02x', x), left)
-  for j = 1, #ms do redis.call('HDEL', bp .. dec2hex(ms[j]), id) end
-  popped = popped + #ms
-  left = left - #ms
-  if left == 0 then break end
-end
-if popped > 0 then
-  local n = tonumber(redis.call('HGET', sk, 'n') or '0') - popped
-  if n > 0 then redis.call('HSET', sk, 'n', n) else redis.call('HDEL', sk, 'n') end
-end
-if left == 0 then return {'more'} end
+if dropHoldings(sk, mp, bp, id, tonumber(ARGV[7])) == 0 then return {'more'} end
 return {'done'}
 `)
 

@@ -81,16 +81,9 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 func Keys(seed uint64, n int) []uint64 {
 	ks := make([]uint64, n)
 	for i := range ks {
-		ks[i] = splitmix(seed<<32 + uint64(i))
+		ks[i] = Mix(seed<<32 + uint64(i))
 	}
 	return ks
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	return x ^ x>>31
 }
 
 // subject is a store under test and the seq of each pod's last batch, so
