@@ -374,10 +374,11 @@ func (w *worker) expire(ctx context.Context, now time.Time) {
 	}
 	for _, name := range gone {
 		w.forget(name)
+		// Counted first, so that whoever sees the pod gone sees it counted.
+		p.m.podsRemoved.WithLabelValues(RemovedTimeout).Inc()
 		if err := p.ix.RemovePod(ctx, name); err != nil {
 			p.log.Warn("pod not removed from the index", "pod", name, "err", err)
 		}
-		p.m.podsRemoved.WithLabelValues(RemovedTimeout).Inc()
 		p.log.Info("pod left: its connection closed and did not come back within the pod timeout", "pod", name, "pod_timeout", p.opts.PodTimeout)
 	}
 }
@@ -449,10 +450,10 @@ func (w *worker) removeSource(ctx context.Context, source string) removal {
 		if st.source != source {
 			continue
 		}
+		p.m.podsRemoved.WithLabelValues(RemovedSource).Inc() // before, as expire does
 		if err := p.ix.RemovePod(ctx, name); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", name, err))
 		}
-		p.m.podsRemoved.WithLabelValues(RemovedSource).Inc()
 		r.pods = append(r.pods, name)
 	}
 	for _, name := range r.pods {
