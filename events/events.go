@@ -1,5 +1,10 @@
 package events
 
+import (
+	"bytes"
+	"slices"
+)
+
 // Kind says which KV cache event an Event is.
 type Kind uint8
 
@@ -200,4 +205,33 @@ type Batch struct {
 	// are not strings as NonStringKeyName.
 	UnknownFields     int
 	UnknownFieldNames []NameCount
+}
+
+// Clone returns a deep copy of b that shares no memory with it: what
+// must outlive the next decode into b (a batch held for later).
+func (b *Batch) Clone() *Batch {
+	c := *b
+	c.Topic = bytes.Clone(b.Topic)
+	c.Events = make([]Event, len(b.Events))
+	for i, e := range b.Events {
+		e.BlockHashes = slices.Clone(e.BlockHashes)
+		e.TokenIDs = slices.Clone(e.TokenIDs)
+		e.LoRAName = bytes.Clone(e.LoRAName)
+		e.ExtraKeys = bytes.Clone(e.ExtraKeys)
+		e.Ownership = bytes.Clone(e.Ownership)
+		e.SessionID = bytes.Clone(e.SessionID)
+		e.RemainingCopies = slices.Clone(e.RemainingCopies)
+		c.Events[i] = e
+	}
+	c.SkippedTypes = cloneNames(b.SkippedTypes)
+	c.UnknownFieldNames = cloneNames(b.UnknownFieldNames)
+	return &c
+}
+
+func cloneNames(l []NameCount) []NameCount {
+	c := slices.Clone(l)
+	for i := range c {
+		c[i].Name = bytes.Clone(c[i].Name)
+	}
+	return c
 }

@@ -108,7 +108,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		checkNames(t, "skipped types", b.SkippedTypes, b.Skipped)
 		checkNames(t, "unknown field names", b.UnknownFieldNames, b.UnknownFields)
-		first := cloneBatch(&b)
+		first := *b.Clone()
 		if err := Decode(topic, seq, payload, &b); err != nil {
 			t.Fatalf("second decode failed: %v", err)
 		}

@@ -139,36 +139,9 @@ func decodeFile(tb testing.TB, path string) ([]decoded, recording.Stats) {
 			tb.Errorf("%s record %d: skipped %d events %s and %d fields %s", path, m.Index,
 				b.Skipped, fmtNames(b.SkippedTypes), b.UnknownFields, fmtNames(b.UnknownFieldNames))
 		}
-		out = append(out, decoded{m, cloneBatch(&b)})
+		out = append(out, decoded{m, *b.Clone()})
 	}
 	return out, stats
-}
-
-func cloneBatch(b *Batch) Batch {
-	c := *b
-	c.Topic = bytes.Clone(b.Topic)
-	c.Events = make([]Event, len(b.Events))
-	for i, e := range b.Events {
-		e.BlockHashes = slices.Clone(e.BlockHashes)
-		e.TokenIDs = slices.Clone(e.TokenIDs)
-		e.LoRAName = bytes.Clone(e.LoRAName)
-		e.ExtraKeys = bytes.Clone(e.ExtraKeys)
-		e.Ownership = bytes.Clone(e.Ownership)
-		e.SessionID = bytes.Clone(e.SessionID)
-		e.RemainingCopies = slices.Clone(e.RemainingCopies)
-		c.Events[i] = e
-	}
-	c.SkippedTypes = cloneNames(b.SkippedTypes)
-	c.UnknownFieldNames = cloneNames(b.UnknownFieldNames)
-	return c
-}
-
-func cloneNames(l []NameCount) []NameCount {
-	c := slices.Clone(l)
-	for i := range c {
-		c[i].Name = bytes.Clone(c[i].Name)
-	}
-	return c
 }
 
 // tally counts batches and events per topic, and checks seq continuity.

@@ -330,12 +330,12 @@ func (ix *Indexer) applyAuto(ctx context.Context, p *pod, b *events.Batch) (Appl
 			why = "decided by another process sharing the store"
 			break
 		}
-		m.pending = append(m.pending, pendingBatch{pod: p, batch: cloneBatch(b)})
+		m.pending = append(m.pending, pendingBatch{pod: p, batch: b.Clone()})
 		return Applied{Seq: b.Seq, Held: true}, nil
 	}
 	recorded, err := ix.store.DecideKeyMode(ctx, m.name, mode.String())
 	if err != nil {
-		m.pending = append(m.pending, pendingBatch{pod: p, batch: cloneBatch(b)})
+		m.pending = append(m.pending, pendingBatch{pod: p, batch: b.Clone()})
 		return Applied{Seq: b.Seq, Held: true}, nil // decided next time
 	}
 	if recorded != mode.String() {
@@ -379,18 +379,4 @@ func (ix *Indexer) KeyMode(modelName string) KeyMode {
 		return ix.opts.model(modelName).KeyMode
 	}
 	return m.mode()
-}
-
-func cloneBatch(b *events.Batch) *events.Batch {
-	c := *b
-	c.Topic = append([]byte(nil), b.Topic...)
-	c.Events = make([]events.Event, len(b.Events))
-	for i, e := range b.Events {
-		e.BlockHashes = append([]uint64(nil), e.BlockHashes...)
-		e.TokenIDs = append([]uint32(nil), e.TokenIDs...)
-		e.LoRAName = append([]byte(nil), e.LoRAName...)
-		e.ExtraKeys = append([]byte(nil), e.ExtraKeys...)
-		c.Events[i] = e
-	}
-	return &c
 }
